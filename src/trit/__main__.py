@@ -1,0 +1,5 @@
+import sys
+
+from trit.cli import main
+
+sys.exit(main())

@@ -1,0 +1,8 @@
+"""The root of trit's errors: everything raised about a user's input derives from :class:`TritError`.
+
+The CLI turns a ``TritError`` into one line on stderr and exit status 2.
+"""
+
+
+class TritError(Exception):
+    """An input trit refuses (a file, a tensor, a flag): the message names it and says what was expected."""
