@@ -1,0 +1,29 @@
+"""What every ternary quantizer returns, and the grouping they share."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+
+
+@dataclass(frozen=True)
+class Ternary:
+    values: torch.Tensor  # (N, K) int8 in {-1, 0, 1}
+    scales: torch.Tensor  # (N, G) float32, G = K // group (1 for group -1)
+
+
+def grouped(weight: torch.Tensor, group_size: int) -> torch.Tensor:
+    """``(N, K)`` -> ``(N, G, g)`` float32 view by groups of consecutive inputs (one group for -1)."""
+    n, k = weight.shape
+    g = k if group_size == -1 else group_size
+    if k % g:
+        raise ValueError(f"K = {k} is not a multiple of the group size {group_size}; pad it first")
+    return weight.float().reshape(n, k // g, g)
+
+
+def dequantize_ternary(t: Ternary) -> torch.Tensor:
+    """``(N, K)`` float32: values times their group's scale."""
+    n, k = t.values.shape
+    groups = t.scales.shape[1]
+    return (t.values.float().reshape(n, groups, k // groups) * t.scales[:, :, None]).reshape(n, k)
