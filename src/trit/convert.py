@@ -1,0 +1,254 @@
+"""The converter: a float Hugging Face checkpoint in, a trit checkpoint (format 1) out.
+
+Reads the source lazily, shard by shard and tensor by tensor (memory-mapped
+safetensors), quantizes the decoder's linear layers with a method from
+:mod:`trit.quant` and writes one output shard per input shard, so peak memory
+is about one output shard plus one layer. Everything is written into a
+temporary folder beside ``OUT_DIR`` and renamed into place at the very end: an
+error or Ctrl-C leaves nothing behind, and the source is never written to.
+"""
+
+from __future__ import annotations
+
+import fnmatch
+import json
+import os
+import shutil
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import torch
+from safetensors.torch import save_file
+from tqdm.auto import tqdm
+
+from trit import format as fmt
+from trit.arch import check_architecture, is_decoder_linear
+from trit.checkpoint import CONFIG_FILE, INDEX_FILE, SINGLE_FILE, Checkpoint, CheckpointError, open_checkpoint
+from trit.errors import TritError
+from trit.quant import Method, quantize
+
+# small files a checkpoint folder carries besides weights, copied as they are
+COPIED_FILES = (
+    "tokenizer.json",
+    "tokenizer_config.json",
+    "tokenizer.model",
+    "special_tokens_map.json",
+    "added_tokens.json",
+    "vocab.json",
+    "merges.txt",
+    "chat_template.jinja",
+    "chat_template.json",
+    "generation_config.json",
+)
+ALWAYS_KEPT = ("model.embed_tokens", "lm_head")
+
+
+class ConvertError(TritError, ValueError):
+    """A conversion that cannot go ahead; nothing was written."""
+
+
+@dataclass(frozen=True)
+class ConvertOptions:
+    method: Method = Method.ABSMEAN
+    group_size: int = 64
+    keep: tuple[str, ...] = ()  # module names or glob patterns kept in high precision
+    pad_policy: fmt.PadPolicy = fmt.PadPolicy.PAD
+    scale_dtype: fmt.ScaleDtype = fmt.ScaleDtype.FLOAT16
+    overwrite: bool = False
+    device: str = "cpu"  # where the quantizer runs
+
+
+@dataclass(frozen=True)
+class LayerReport:
+    name: str
+    shape: tuple[int, int]  # (N, K) of the float weight
+    action: str  # "ternary", "padded" or "kept"
+    reason: str = ""
+
+
+@dataclass
+class ConvertReport:
+    out_dir: Path
+    layers: list[LayerReport] = field(default_factory=list)
+    packed_bytes: int = 0
+    scale_bytes: int = 0
+    ternary_weights: int = 0
+    seconds: float = 0.0
+
+    @property
+    def bits_per_weight(self) -> float:
+        return fmt.bits_per_weight(self.packed_bytes, self.scale_bytes, self.ternary_weights)
+
+    def summary(self) -> str:
+        counts = {a: sum(1 for layer in self.layers if layer.action == a) for a in ("ternary", "padded", "kept")}
+        lines = [
+            f"wrote {self.out_dir} in {self.seconds:.1f} s",
+            f"  ternary layers: {counts['ternary'] + counts['padded']} "
+            f"({counts['padded']} padded along K), kept in high precision: {counts['kept']}",
+            f"  ternary weights: {self.ternary_weights:,}, stored in "
+            f"{(self.packed_bytes + self.scale_bytes) / 2**20:.1f} MiB: "
+            f"{self.bits_per_weight:.3f} bits per weight including scales",
+        ]
+        for layer in self.layers:
+            if layer.action != "ternary":
+                lines.append(f"  {layer.action:>6}  {layer.name} {layer.shape[0]}x{layer.shape[1]}: {layer.reason}")
+        return "\n".join(lines)
+
+
+def _check_paths(src: Path, out: Path, overwrite: bool) -> None:
+    src_r, out_r = src.resolve(), out.resolve()
+    if src_r == out_r:
+        raise ConvertError(f"OUT_DIR {out} is MODEL_DIR: write the ternary checkpoint to another folder")
+    if src_r in out_r.parents:
+        raise ConvertError(f"OUT_DIR {out} lies inside MODEL_DIR {src}: the source folder is never written to")
+    if out_r in src_r.parents:
+        raise ConvertError(f"OUT_DIR {out} holds MODEL_DIR {src}: replacing it would delete the source")
+    if out.exists() and not out.is_dir():
+        raise ConvertError(f"OUT_DIR {out} exists and is not a folder")
+    if out.is_dir() and any(out.iterdir()) and not overwrite:
+        raise ConvertError(f"OUT_DIR {out} is not empty; pass --overwrite to replace it")
+
+
+def _plan(ckpt: Checkpoint, opts: ConvertOptions) -> dict[str, LayerReport]:
+    """Decide, before reading any data, what happens to each decoder linear layer."""
+    modules = {name.rsplit(".", 1)[0] for name in ckpt.tensors}
+    unmatched = [p for p in opts.keep if not any(fnmatch.fnmatchcase(m, p) for m in modules)]
+    if unmatched:
+        raise ConvertError(f"--keep {', '.join(unmatched)}: matches no module of {ckpt.path}")
+    plan: dict[str, LayerReport] = {}
+    for name, info in ckpt.tensors.items():
+        module, leaf = name.rsplit(".", 1)
+        if leaf != "weight" or not is_decoder_linear(module):
+            continue
+        if len(info.shape) != 2:
+            raise CheckpointError(info.shard, f"tensor {name!r}: expected a 2-D linear weight, found shape {info.shape}")
+        n, k = info.shape
+        if any(fnmatch.fnmatchcase(module, p) for p in opts.keep):
+            plan[module] = LayerReport(module, (n, k), "kept", "--keep")
+        elif k != fmt.padded_k(k, opts.group_size):
+            if opts.pad_policy is fmt.PadPolicy.KEEP:
+                why = f"K={k} is not a multiple of group {opts.group_size}; --pad keep"
+                plan[module] = LayerReport(module, (n, k), "kept", why)
+            else:
+                why = f"K={k} padded to {fmt.padded_k(k, opts.group_size)} with zero weights"
+                plan[module] = LayerReport(module, (n, k), "padded", why)
+        else:
+            plan[module] = LayerReport(module, (n, k), "ternary")
+    if not any(r.action != "kept" for r in plan.values()):
+        raise ConvertError(f"{ckpt.path}: no linear layer left to quantize")
+    return plan
+
+
+def _check_finite(name: str, t: torch.Tensor, shard: Path) -> None:
+    if t.is_floating_point() and not torch.isfinite(t).all():
+        bad = int((~torch.isfinite(t)).sum())
+        raise CheckpointError(shard, f"tensor {name!r} holds {bad} NaN or Inf values")
+
+
+def _quantize_layer(
+    module: str, weight: torch.Tensor, opts: ConvertOptions, report: ConvertReport
+) -> dict[str, torch.Tensor]:
+    n, k = weight.shape
+    k_pad = fmt.padded_k(k, opts.group_size)
+    w = fmt.pad_k(weight.to(opts.device, torch.float32), k_pad)
+    t = quantize(w, opts.group_size, opts.method)
+    packed = fmt.pack(t.values).cpu()  # (N, K_pad//4) uint8
+    scale = fmt.to_scale(t.scales, opts.scale_dtype, module).cpu()  # (N, G) fp16
+    report.packed_bytes += packed.numel()
+    report.scale_bytes += scale.numel() * scale.element_size()
+    report.ternary_weights += n * k
+    return {f"{module}.{fmt.PACKED_SUFFIX}": packed, f"{module}.{fmt.SCALE_SUFFIX}": scale}
+
+
+def _write_config(ckpt: Checkpoint, tmp: Path, opts: ConvertOptions, plan: dict[str, LayerReport]) -> None:
+    kept = sorted(m for m, r in plan.items() if r.action == "kept")
+    qcfg = fmt.TritConfig(
+        group_size=opts.group_size,
+        scale_dtype=opts.scale_dtype,
+        method=Method(opts.method).value,
+        pad_policy=opts.pad_policy,
+        modules_not_converted=ALWAYS_KEPT + tuple(kept),
+    )
+    config = dict(ckpt.config, quantization_config=qcfg.to_dict())
+    (tmp / CONFIG_FILE).write_text(json.dumps(config, indent=2) + "\n")
+    for name in COPIED_FILES:
+        if (ckpt.path / name).is_file():
+            shutil.copy2(ckpt.path / name, tmp / name)
+
+
+def _write_shards(
+    ckpt: Checkpoint, tmp: Path, opts: ConvertOptions, plan: dict[str, LayerReport], report: ConvertReport,
+    progress: bool,
+) -> None:
+    n_shards = len(ckpt.shards)
+    weight_map: dict[str, str] = {}
+    with tqdm(total=len(ckpt.tensors), desc="quantize", unit="tensor", disable=not progress) as bar:
+        for i, shard in enumerate(ckpt.shards):
+            out_name = SINGLE_FILE if n_shards == 1 else f"model-{i + 1:05d}-of-{n_shards:05d}.safetensors"
+            out: dict[str, torch.Tensor] = {}
+            for name, tensor in ckpt.iter_shard(shard):
+                _check_finite(name, tensor, shard)
+                module, leaf = name.rsplit(".", 1)
+                layer = plan.get(module)
+                if leaf == "weight" and layer is not None and layer.action != "kept":
+                    bar.set_postfix_str(module, refresh=False)
+                    out.update(_quantize_layer(module, tensor, opts, report))
+                else:
+                    out[name] = tensor.contiguous()
+                bar.update(1)
+            save_file(out, str(tmp / out_name), metadata={"format": "pt"})
+            weight_map.update(dict.fromkeys(out, out_name))
+            del out
+    if n_shards > 1:
+        index = {"metadata": {}, "weight_map": dict(sorted(weight_map.items()))}
+        (tmp / INDEX_FILE).write_text(json.dumps(index, indent=2) + "\n")
+
+
+def convert(
+    model_dir: str | Path,
+    out_dir: str | Path,
+    options: ConvertOptions | None = None,
+    progress: bool = True,
+    log: Callable[[str], None] = print,
+) -> ConvertReport:
+    """Convert ``model_dir`` into a trit checkpoint at ``out_dir``; see the module docstring."""
+    opts = options or ConvertOptions()
+    fmt.check_group_size(opts.group_size, "--group-size")
+    src, out = Path(model_dir), Path(out_dir)
+    _check_paths(src, out, opts.overwrite)
+    ckpt = open_checkpoint(src)
+    check_architecture(ckpt.config, str(src / CONFIG_FILE))
+    if ckpt.quantization_config is not None:
+        method = ckpt.quantization_config.get("quant_method", "unknown")
+        raise CheckpointError(src / CONFIG_FILE, f"already quantized (quant_method {method!r}); give a float checkpoint")
+    plan = _plan(ckpt, opts)
+    report = ConvertReport(out)
+    start = time.perf_counter()
+    out.parent.mkdir(parents=True, exist_ok=True)
+    tmp = out.parent / f".{out.name}.partial-{os.getpid()}"
+    shutil.rmtree(tmp, ignore_errors=True)
+    tmp.mkdir()
+    try:
+        log(f"quantizing {src} -> {out}: {Method(opts.method).value}, group {opts.group_size}")
+        _write_shards(ckpt, tmp, opts, plan, report, progress)
+        _write_config(ckpt, tmp, opts, plan)
+        _replace(tmp, out)
+    except BaseException:
+        shutil.rmtree(tmp, ignore_errors=True)
+        raise
+    report.layers = sorted(plan.values(), key=lambda r: r.name)
+    report.seconds = time.perf_counter() - start
+    return report
+
+
+def _replace(tmp: Path, out: Path) -> None:
+    """Move the finished folder into place; an existing OUT_DIR (with --overwrite) goes only after."""
+    if out.exists():
+        old = out.parent / f".{out.name}.old-{os.getpid()}"
+        out.rename(old)
+        tmp.rename(out)
+        shutil.rmtree(old, ignore_errors=True)
+    else:
+        tmp.rename(out)
