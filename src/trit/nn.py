@@ -1,0 +1,62 @@
+"""``TritLinear``, the ternary ``nn.Linear``, and the function that swaps it into a model."""
+
+from __future__ import annotations
+
+import torch
+from torch import nn
+
+import trit.ops  # noqa: F401  (registers torch.ops.trit.linear)
+from trit import format as fmt
+
+
+class TritLinear(nn.Module):
+    """A linear layer whose weight is ternary codes (``weight_packed``) times group scales (``weight_scale``).
+
+    The codes and scales are buffers in the file layout of :mod:`trit.format`;
+    the forward pass is one call of ``torch.ops.trit.linear``.
+    """
+
+    def __init__(
+        self,
+        in_features: int,
+        out_features: int,
+        bias: bool = False,
+        group_size: int = 64,
+        scale_dtype: torch.dtype = torch.float16,
+        dtype: torch.dtype | None = None,
+        device: torch.device | str | None = None,
+    ):
+        super().__init__()
+        fmt.check_group_size(group_size, "group_size")
+        self.in_features, self.out_features, self.group_size = in_features, out_features, group_size
+        p_shape, s_shape = fmt.expected_shapes(out_features, in_features, group_size)
+        self.register_buffer("weight_packed", torch.empty(p_shape, dtype=torch.uint8, device=device))
+        self.register_buffer("weight_scale", torch.empty(s_shape, dtype=scale_dtype, device=device))
+        self.bias = nn.Parameter(torch.empty(out_features, dtype=dtype, device=device)) if bias else None
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:  # (..., K) -> (..., N)
+        return torch.ops.trit.linear(x, self.weight_packed, self.weight_scale, self.group_size, self.bias)
+
+    def extra_repr(self) -> str:
+        return (
+            f"in_features={self.in_features}, out_features={self.out_features}, "
+            f"group_size={self.group_size}, bias={self.bias is not None}"
+        )
+
+
+def swap_linears(model: nn.Module, names: list[str], config: fmt.TritConfig) -> None:
+    """Replace each ``nn.Linear`` named in ``names`` by an empty :class:`TritLinear` on the same device."""
+    for name in names:
+        parent_name, _, child = name.rpartition(".")
+        parent = model.get_submodule(parent_name) if parent_name else model
+        old = getattr(parent, child, None)
+        if not isinstance(old, nn.Linear):
+            raise fmt.FormatError(
+                f"{name}.{fmt.PACKED_SUFFIX}", "a tensor for one of the model's linear layers",
+                f"{type(old).__name__ if old is not None else 'no such module'} at {name}",
+            )
+        new = TritLinear(
+            old.in_features, old.out_features, old.bias is not None, config.group_size,
+            config.scale_dtype.torch, old.weight.dtype, old.weight.device,
+        )
+        setattr(parent, child, new)
