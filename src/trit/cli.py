@@ -1,0 +1,177 @@
+"""The ``trit`` command line: a thin argument parser over typed functions.
+
+``trit quantize | generate | eval | audit | demo | bench``, also ``python -m trit``.
+Errors about the user's input (a bad checkpoint, a bad path, a bad flag) print
+one line ``trit: error: ...`` and exit with status 2; Ctrl-C exits with 130.
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+from collections.abc import Sequence
+from pathlib import Path
+
+from trit import format as fmt
+from trit.checkpoint import CheckpointError
+from trit.convert import ConvertOptions
+from trit.errors import TritError
+from trit.quant import Method
+
+EXIT_USAGE = 2
+
+
+def quantize(model_dir: Path, out_dir: Path, opts: ConvertOptions, quiet: bool = False) -> int:
+    from trit.convert import convert
+
+    report = convert(model_dir, out_dir, opts, progress=not quiet)
+    print(report.summary())
+    return 0
+
+
+def generate(
+    ckpt: Path, prompt: str, sampling: object, chat: bool, device: str | None, dtype: str | None
+) -> int:
+    from trit import runtime
+
+    loaded = runtime.load(ckpt, device=device, dtype=_dtype(dtype))
+    stats = runtime.GenerationStats()
+    for piece in runtime.stream(loaded, prompt, sampling, chat=chat, stats=stats):  # type: ignore[arg-type]
+        print(piece, end="", flush=True)
+    print()
+    print(f"[{stats.new_tokens} tokens, {stats.tokens_per_second:.1f} tokens/s on {loaded.device}]", file=sys.stderr)
+    return 0
+
+
+def evaluate(ckpt: Path, ppl_file: Path, opts: object, device: str | None, dtype: str | None) -> int:
+    from trit import runtime
+    from trit.eval.perplexity import perplexity, tokenize_file
+
+    if not ppl_file.is_file():
+        raise CheckpointError(ppl_file, "no such text file")
+    loaded = runtime.load(ckpt, device=device, dtype=_dtype(dtype))
+    r = perplexity(loaded, tokenize_file(loaded, ppl_file), opts)  # type: ignore[arg-type]
+    print(
+        f"perplexity {r.perplexity:.3f} over {r.tokens_scored} tokens "
+        f"({r.windows} windows, tokens {r.first_token}..{r.last_token} of {ppl_file.name}; {r.seconds:.1f} s)"
+    )
+    return 0
+
+
+def audit(ckpt: Path) -> int:
+    from trit.eval.audit import audit as run_audit
+
+    report = run_audit(ckpt)
+    print(report.table())
+    return 0 if report.ok else 1
+
+
+def _dtype(name: str | None):
+    if name is None:
+        return None
+    import torch
+
+    return {"bf16": torch.bfloat16, "fp16": torch.float16, "fp32": torch.float32}[name]
+
+
+def _parser() -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(prog="trit", description="Ternary language models: quantize, run, serve.")
+    sub = p.add_subparsers(dest="command", required=True)
+
+    q = sub.add_parser("quantize", help="convert a float Hugging Face checkpoint to ternary")
+    q.add_argument("model_dir", type=Path)
+    q.add_argument("out_dir", type=Path)
+    q.add_argument("--method", choices=[m.value for m in Method], default=Method.ABSMEAN.value)
+    q.add_argument("--group-size", type=int, default=64, help="inputs per scale; -1: one scale per row")
+    q.add_argument("--keep", default="", help="comma-separated modules (globs allowed) kept in high precision")
+    q.add_argument("--pad", choices=[x.value for x in fmt.PadPolicy], default=fmt.PadPolicy.PAD.value,
+                   help="layers whose K is not a multiple of the group: pad with zeros, or keep in high precision")
+    q.add_argument("--scale-dtype", choices=[x.value for x in fmt.ScaleDtype], default="float16")
+    q.add_argument("--device", default="cpu", help="where the quantizer runs (cpu, cuda)")
+    q.add_argument("--overwrite", action="store_true", help="replace a non-empty OUT_DIR")
+    q.add_argument("--quiet", action="store_true", help="no progress bar")
+
+    def runtime_flags(a: argparse.ArgumentParser) -> None:
+        a.add_argument("--device", default=None, help="cpu or cuda (default: cuda if present)")
+        a.add_argument("--dtype", choices=["bf16", "fp16", "fp32"], default=None,
+                       help="activation dtype (default: bf16 on GPU, fp32 on CPU)")
+
+    g = sub.add_parser("generate", help="generate text, streamed")
+    g.add_argument("ckpt", type=Path)
+    g.add_argument("prompt")
+    g.add_argument("--max-new-tokens", type=int, default=64)
+    g.add_argument("--temperature", type=float, default=0.0, help="0: greedy (the default)")
+    g.add_argument("--top-p", type=float, default=1.0)
+    g.add_argument("--top-k", type=int, default=0)
+    g.add_argument("--repetition-penalty", type=float, default=1.0)
+    g.add_argument("--seed", type=int, default=None)
+    g.add_argument("--chat", action="store_true", help="apply the tokenizer's chat template")
+    runtime_flags(g)
+
+    e = sub.add_parser("eval", help="perplexity of a trit or float checkpoint on a text file")
+    e.add_argument("ckpt", type=Path)
+    e.add_argument("--ppl", type=Path, required=True, metavar="FILE", help="text file, e.g. WikiText-2 test")
+    e.add_argument("--seq-len", type=int, default=512)
+    e.add_argument("--stride", type=int, default=None, help="default: --seq-len (non-overlapping windows)")
+    e.add_argument("--max-windows", type=int, default=16, help="0: the whole file")
+    e.add_argument("--first-token", type=int, default=0)
+    runtime_flags(e)
+
+    a = sub.add_parser("audit", help="reconcile a trit checkpoint: config, tensors, layout, values")
+    a.add_argument("ckpt", type=Path)
+
+    d = sub.add_parser("demo", help="SmolLM2-135M: quantize, generate side by side, perplexity, size, speed")
+    d.add_argument("--ppl", type=Path, default=Path("../shared/data/wikitext-2-raw-test.txt"))
+    d.add_argument("--max-new-tokens", type=int, default=48)
+    runtime_flags(d)
+
+    b = sub.add_parser("bench", help="GPU benchmarks (JSON and a plot)")
+    b.add_argument("what", choices=["kernels"])
+    b.add_argument("--out", type=Path, default=Path("benchmarks/results"))
+    b.add_argument("--quick", action="store_true", help="fewer shapes and repeats")
+    return p
+
+
+def _dispatch(args: argparse.Namespace) -> int:
+    if args.command == "quantize":
+        opts = ConvertOptions(
+            method=Method(args.method), group_size=args.group_size,
+            keep=tuple(k.strip() for k in args.keep.split(",") if k.strip()),
+            pad_policy=fmt.PadPolicy(args.pad), scale_dtype=fmt.ScaleDtype(args.scale_dtype),
+            overwrite=args.overwrite, device=args.device,
+        )
+        return quantize(args.model_dir, args.out_dir, opts, args.quiet)
+    if args.command == "generate":
+        from trit.runtime import SamplingOptions
+
+        sampling = SamplingOptions(args.max_new_tokens, args.temperature, args.top_p, args.top_k,
+                                   args.repetition_penalty, args.seed)
+        return generate(args.ckpt, args.prompt, sampling, args.chat, args.device, args.dtype)
+    if args.command == "eval":
+        from trit.eval.perplexity import PerplexityOptions
+
+        opts = PerplexityOptions(args.seq_len, args.stride or 0, args.max_windows, args.first_token)
+        return evaluate(args.ckpt, args.ppl, opts, args.device, args.dtype)
+    if args.command == "audit":
+        return audit(args.ckpt)
+    if args.command == "demo":
+        from trit.demo import demo
+
+        return demo(args.ppl, args.max_new_tokens, args.device, _dtype(args.dtype))
+    if args.command == "bench":
+        from trit.bench.kernels import main as bench_kernels
+
+        return bench_kernels(args.out, quick=args.quick)
+    raise AssertionError(args.command)
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    args = _parser().parse_args(argv)
+    try:
+        return _dispatch(args)
+    except TritError as e:
+        print(f"trit: error: {e}", file=sys.stderr)
+        return EXIT_USAGE
+    except KeyboardInterrupt:
+        print("trit: interrupted; nothing was left half-written", file=sys.stderr)
+        return 130

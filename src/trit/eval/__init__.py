@@ -1,0 +1,1 @@
+"""Evaluation: perplexity on a text file, and the audit of a trit checkpoint."""

@@ -1,0 +1,187 @@
+"""The audit: reconcile a trit checkpoint's config with its tensors, value by value.
+
+Checks, each a row of the report: the quantization config parses (format 1);
+the architecture is supported; every tensor the model needs is there and
+nothing else is; each ternary layer's codes and scales have the dtype and
+shape its layer size and group size call for; no code is 3; padded columns are
+zero weights; scales are finite and positive; layers listed as not converted
+are float and the others ternary; float tensors are finite. The expected layer
+sizes come from the model built on the meta device from config.json.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from contextlib import ExitStack
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import torch
+from torch import nn
+
+from trit import format as fmt
+from trit.arch import check_architecture, is_decoder_linear
+from trit.checkpoint import CONFIG_FILE, Checkpoint, CheckpointError, open_checkpoint
+from trit.runtime import trit_config_of
+
+
+@dataclass
+class Check:
+    name: str
+    checked: int = 0
+    failures: list[str] = field(default_factory=list)
+
+    @property
+    def ok(self) -> bool:
+        return not self.failures
+
+
+@dataclass
+class AuditReport:
+    path: Path
+    checks: list[Check] = field(default_factory=list)
+    bits_per_weight: float | None = None
+
+    @property
+    def ok(self) -> bool:
+        return all(c.ok for c in self.checks)
+
+    def check(self, name: str) -> Check:
+        self.checks.append(Check(name))
+        return self.checks[-1]
+
+    def table(self) -> str:
+        width = max(len(c.name) for c in self.checks)
+        lines = [f"audit of {self.path}", f"  {'check':<{width}}  {'items':>6}  result"]
+        for c in self.checks:
+            result = "ok" if c.ok else f"FAIL ({len(c.failures)})"
+            lines.append(f"  {c.name:<{width}}  {c.checked:>6}  {result}")
+        for c in self.checks:
+            lines += [f"  FAIL {c.name}: {f}" for f in c.failures[:20]]
+            if len(c.failures) > 20:
+                lines.append(f"  ... and {len(c.failures) - 20} more failures of {c.name}")
+        if self.bits_per_weight is not None:
+            lines.append(f"  ternary layers: {self.bits_per_weight:.3f} bits per weight including scales")
+        lines.append("PASS" if self.ok else "FAIL")
+        return "\n".join(lines)
+
+
+def _meta_model(ckpt: Checkpoint) -> nn.Module:
+    from transformers import AutoConfig, AutoModelForCausalLM
+
+    hf_config = AutoConfig.from_pretrained(ckpt.path)
+    hf_config.quantization_config = None
+    with torch.device("meta"):
+        return AutoModelForCausalLM.from_config(hf_config)
+
+
+def _guard(check: Check, fn: Callable[..., None], *args: object) -> bool:
+    """Run one check of one item; record its failure. True if it passed."""
+    check.checked += 1
+    try:
+        fn(*args)
+    except (fmt.FormatError, CheckpointError) as e:
+        check.failures.append(str(e))
+        return False
+    return True
+
+
+def audit(path: str | Path) -> AuditReport:
+    report = AuditReport(Path(path))
+    head = report.check("checkpoint files and config")
+    head.checked = 1
+    try:
+        ckpt = open_checkpoint(path)
+        check_architecture(ckpt.config, str(ckpt.path / CONFIG_FILE))
+        qcfg = trit_config_of(ckpt)
+        if qcfg is None:
+            raise fmt.FormatError(f"{ckpt.path / CONFIG_FILE}: quantization_config", "a trit config", "none")
+    except (fmt.FormatError, CheckpointError) as e:
+        head.failures.append(str(e))
+        return report
+    model = _meta_model(ckpt)
+    linears = {n: m for n, m in model.named_modules() if isinstance(m, nn.Linear)}
+    ternary = fmt.layer_names(ckpt.tensors)
+    _check_names(report.check("tensors present and known"), ckpt, model, ternary)
+    _check_policy(report.check("ternary vs modules_not_converted"), ckpt, qcfg, linears, ternary)
+    with ExitStack() as stack:
+        files = ckpt.open_all(stack)
+
+        def get(name: str) -> torch.Tensor:
+            return files[ckpt.tensors[name].shard].get_tensor(name)
+
+        layout, codes, scales, pads = (report.check(n) for n in (
+            "layer layout (dtype, shape)", "codes in {0,1,2}", "scales finite, positive, dtype", "padding is zero"))
+        packed_bytes = scale_bytes = weights = 0
+        for layer in ternary:
+            if layer not in linears or any(f"{layer}.{x}" not in ckpt.tensors for x in (fmt.PACKED_SUFFIX, fmt.SCALE_SUFFIX)):
+                continue  # reported by the name checks
+            lin = linears[layer]
+            p, s = get(f"{layer}.{fmt.PACKED_SUFFIX}"), get(f"{layer}.{fmt.SCALE_SUFFIX}")
+            n, k = lin.out_features, lin.in_features
+            if not _guard(layout, fmt.check_layer, layer, p, s, qcfg.group_size, n, k, False):
+                continue
+            _guard(codes, _check_codes, layer, p)
+            _guard(scales, _check_scales, layer, s, qcfg)
+            _guard(pads, _check_padding, layer, p, k)
+            packed_bytes, scale_bytes, weights = packed_bytes + p.numel(), scale_bytes + s.numel() * s.element_size(), weights + n * k
+        floats = report.check("float tensors finite")
+        for name in ckpt.tensors:
+            if not name.endswith((fmt.PACKED_SUFFIX, fmt.SCALE_SUFFIX)):
+                _guard(floats, _check_finite, name, get(name))
+    report.bits_per_weight = fmt.bits_per_weight(packed_bytes, scale_bytes, weights)
+    return report
+
+
+def _check_names(check: Check, ckpt: Checkpoint, model: nn.Module, ternary: list[str]) -> None:
+    expected = set(model.state_dict())
+    for layer in ternary:  # a ternary layer stores codes and scales in place of its weight
+        expected.discard(f"{layer}.weight")
+        expected |= {f"{layer}.{fmt.PACKED_SUFFIX}", f"{layer}.{fmt.SCALE_SUFFIX}"}
+    tied = {"lm_head.weight"} if getattr(model.config, "tie_word_embeddings", False) else set()
+    check.checked = len(expected | set(ckpt.tensors))
+    check.failures += [f"{n}: expected a tensor in the checkpoint, found none" for n in sorted(expected - set(ckpt.tensors) - tied)]
+    check.failures += [f"{n}: expected no such tensor (not part of the model)" for n in sorted(set(ckpt.tensors) - expected)]
+
+
+def _check_policy(check: Check, ckpt: Checkpoint, qcfg: fmt.TritConfig, linears: dict, ternary: list[str]) -> None:
+    for name in linears:
+        check.checked += 1
+        listed = not qcfg.is_converted(name)
+        if name in ternary and listed:
+            check.failures.append(f"{name}: listed in modules_not_converted, but stored ternary")
+        elif name not in ternary and not listed and is_decoder_linear(name):
+            check.failures.append(f"{name}: expected ternary (not in modules_not_converted), found a float weight")
+
+
+def _check_codes(layer: str, packed: torch.Tensor) -> None:
+    bad = fmt.count_invalid_codes(packed)
+    if bad:
+        raise fmt.FormatError(f"{layer}.{fmt.PACKED_SUFFIX}", "2-bit codes in {0, 1, 2}", f"{bad} codes equal to 3")
+
+
+def _check_scales(layer: str, scale: torch.Tensor, qcfg: fmt.TritConfig) -> None:
+    name = f"{layer}.{fmt.SCALE_SUFFIX}"
+    if scale.dtype != qcfg.scale_dtype.torch:
+        raise fmt.FormatError(name, f"dtype {qcfg.scale_dtype.value} (the config's scale_dtype)",
+                              str(scale.dtype).removeprefix("torch."))
+    if not torch.isfinite(scale).all():
+        raise fmt.FormatError(name, "finite scales", f"{int((~torch.isfinite(scale)).sum())} NaN or Inf")
+    if not (scale > 0).all():
+        raise fmt.FormatError(name, "positive scales", f"{int((scale <= 0).sum())} zero or negative")
+
+
+def _check_padding(layer: str, packed: torch.Tensor, in_features: int) -> None:
+    if packed.shape[1] * 4 == in_features:
+        return
+    pad = fmt.unpack_codes(packed)[:, in_features:]
+    if not (pad == 1).all():
+        raise fmt.FormatError(
+            f"{layer}.{fmt.PACKED_SUFFIX}", f"zero weights (code 1) past K={in_features}",
+            f"{int((pad != 1).sum())} other codes",
+        )
+
+
+def _check_finite(name: str, t: torch.Tensor) -> None:
+    if t.is_floating_point() and not torch.isfinite(t).all():
+        raise fmt.FormatError(name, "finite values", f"{int((~torch.isfinite(t)).sum())} NaN or Inf")

@@ -1,0 +1,93 @@
+"""The command line, run as a user runs it: real processes, exit codes, messages, nothing left behind."""
+
+from __future__ import annotations
+
+import json
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+from conftest import corrupt_config, rewrite_tensors
+
+
+def trit(*args: str | Path, check: bool = True) -> subprocess.CompletedProcess:
+    proc = subprocess.run([sys.executable, "-m", "trit", *map(str, args)], capture_output=True, text=True,
+                          timeout=600)
+    if check and proc.returncode != 0:
+        raise AssertionError(f"trit {args} exited {proc.returncode}:\n{proc.stdout}\n{proc.stderr}")
+    return proc
+
+
+def test_console_script_is_installed() -> None:
+    script = shutil.which("trit", path=str(Path(sys.executable).parent))
+    assert script is not None
+    out = subprocess.run([script, "--help"], capture_output=True, text=True, check=True).stdout
+    assert "quantize" in out and "audit" in out
+
+
+def test_quantize_audit_generate_eval(tiny_llama: Path, tmp_path: Path) -> None:
+    out = tmp_path / "t"
+    q = trit("quantize", tiny_llama, out, "--method", "twn", "--group-size", "32", "--keep", "*.down_proj", "--quiet")
+    assert "2.500 bits per weight including scales" in q.stdout and "kept" in q.stdout
+    a = trit("audit", out)
+    assert a.stdout.rstrip().endswith("PASS")
+    g = trit("generate", out, "hello", "--max-new-tokens", "5", "--temperature", "0.8", "--top-p", "0.9",
+             "--top-k", "20", "--repetition-penalty", "1.2", "--seed", "3", "--chat", "--device", "cpu")
+    assert "5 tokens" in g.stderr
+    text = tmp_path / "t.txt"
+    text.write_text("some text to score. " * 40)
+    for ckpt in (out, tiny_llama):
+        e = trit("eval", ckpt, "--ppl", text, "--seq-len", "64", "--max-windows", "3")
+        assert e.stdout.startswith("perplexity ") and "over 189 tokens (3 windows" in e.stdout
+
+
+def _no_output(parent: Path, name: str) -> bool:
+    return not (parent / name).exists() and not [p for p in parent.iterdir() if ".partial-" in p.name]
+
+
+@pytest.mark.parametrize(
+    ("setup", "match"),
+    [
+        (lambda m: (m / "config.json").unlink(), "config.json: missing"),
+        (lambda m: (m / "config.json").write_text("{"), "config.json: not valid JSON"),
+        (lambda m: (m / "model.safetensors").write_bytes((m / "model.safetensors").read_bytes()[:-64]), "truncated"),
+        (lambda m: rewrite_tensors(m, lambda t: t["model.layers.0.mlp.up_proj.weight"].view(-1).__setitem__(0, float("nan"))),
+         "holds 1 NaN or Inf values"),
+        (lambda m: (m / "config.json").write_text(json.dumps({**json.loads((m / "config.json").read_text()), "model_type": "gpt_neox", "architectures": ["GPTNeoXForCausalLM"]})),
+         "unsupported architecture GPTNeoXForCausalLM"),
+    ],
+)
+def test_quantize_bad_input(tiny_llama: Path, tmp_path: Path, setup, match: str) -> None:
+    setup(tiny_llama)
+    p = trit("quantize", tiny_llama, tmp_path / "o", check=False)
+    assert p.returncode == 2 and "\ntrit: error: " in "\n" + p.stderr and match in p.stderr, p.stderr
+    assert "Traceback" not in p.stderr
+    assert _no_output(tmp_path, "o")
+
+
+def test_quantize_refuses_out_equal_to_model(tiny_llama: Path) -> None:
+    p = trit("quantize", tiny_llama, tiny_llama, "--overwrite", check=False)
+    assert p.returncode == 2 and "is MODEL_DIR" in p.stderr
+
+
+@pytest.mark.parametrize(
+    ("edit", "match"),
+    [
+        (lambda c: rewrite_tensors(c, lambda t: t["model.layers.0.mlp.up_proj.weight_packed"].view(-1)[0:1].fill_(0xC0)),
+         "codes equal to 3"),
+        (lambda c: rewrite_tensors(c, lambda t: t.__setitem__("model.layers.0.mlp.up_proj.weight_scale", t["model.layers.0.mlp.up_proj.weight_scale"][:, :1].clone())),
+         "weight_scale: expected shape"),
+        (lambda c: rewrite_tensors(c, lambda t: t.pop("model.layers.0.mlp.up_proj.weight_packed")),
+         "expected a tensor in the checkpoint"),
+        (lambda c: corrupt_config(c, format_version=2), "format_version: expected 1"),
+    ],
+)
+def test_bad_trit_checkpoint(tiny_llama_trit: Path, tmp_path: Path, edit, match: str) -> None:
+    ckpt = Path(shutil.copytree(tiny_llama_trit, tmp_path / "c"))
+    edit(ckpt)
+    g = trit("generate", ckpt, "hi", "--max-new-tokens", "2", check=False)
+    assert g.returncode == 2 and match in g.stderr and "Traceback" not in g.stderr, g.stderr
+    a = trit("audit", ckpt, check=False)
+    assert a.returncode != 0 and match in a.stdout and a.stdout.rstrip().endswith("FAIL")
