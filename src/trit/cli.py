@@ -128,7 +128,9 @@ def _parser() -> argparse.ArgumentParser:
     b = sub.add_parser("bench", help="GPU benchmarks (JSON and a plot)")
     b.add_argument("what", choices=["kernels"])
     b.add_argument("--out", type=Path, default=Path("benchmarks/results"))
-    b.add_argument("--quick", action="store_true", help="fewer shapes and repeats")
+    b.add_argument("--quick", action="store_true", help="M in {1, 4} only")
+    b.add_argument("--no-tune", action="store_true", help="time the configs as they are, without tuning first")
+    b.add_argument("--tuned-out", type=Path, default=None, help="write the tuned config table here (JSON)")
     return p
 
 
@@ -161,7 +163,7 @@ def _dispatch(args: argparse.Namespace) -> int:
     if args.command == "bench":
         from trit.bench.kernels import main as bench_kernels
 
-        return bench_kernels(args.out, quick=args.quick)
+        return bench_kernels(args.out, quick=args.quick, tune=not args.no_tune, tuned_out=args.tuned_out)
     raise AssertionError(args.command)
 
 

@@ -1,8 +1,9 @@
 """Ternary matmul kernels.
 
-``reference`` is the plain-PyTorch oracle and the CPU path; the Triton kernels
-(``gemv`` for decode, ``gemm`` for prefill) run on CUDA. Triton is optional:
-:func:`triton_candidates` returns none when it is missing.
+``reference`` is the plain-PyTorch oracle; ``cpu`` the CPU path; on CUDA the
+Triton kernels: ``gemv`` (decode, M <= 4, CUDA cores), ``gemm`` (tensor cores,
+decoding in registers) and ``dequant`` (a dense copy for cuBLAS, long
+prefills). Triton is optional: :func:`triton_candidates` returns none without it.
 """
 
 from __future__ import annotations
@@ -15,5 +16,14 @@ def triton_available() -> bool:
 
 
 def triton_candidates() -> tuple:
-    """The Triton kernels, fastest first, as :class:`trit.ops.Kernel` entries (empty without triton)."""
-    return ()
+    """The Triton kernels, in the order :func:`trit.ops.choose_kernel` tries them (empty without triton)."""
+    if not triton_available():
+        return ()
+    from trit.kernels import cuda
+    from trit.ops import Kernel
+
+    return (
+        Kernel("triton_gemv", cuda.refuse_gemv, cuda.run_gemv),
+        Kernel("triton_gemm", cuda.refuse_gemm, cuda.run_gemm),
+        Kernel("triton_dequant_cublas", cuda.refuse_dequant, cuda.run_dequant),
+    )

@@ -1,0 +1,214 @@
+"""``trit bench kernels``: ternary linear kernels against bf16 cuBLAS and the reference, on one GPU.
+
+For Llama-3-8B and Qwen2-1.5B layer shapes and M in {1, 4, 16, 64, 2048} it
+times, in the same run: the ``trit::linear`` op as it dispatches, bf16
+``F.linear`` (cuBLAS) and the plain-PyTorch reference (unpack, then matmul).
+Device time comes from CUDA graph replays of many back-to-back calls, and each
+call reads the next of several copies of the weights, together several times
+the L2 cache, as real decode reads each layer once per token. Bandwidth is
+bytes moved (weights, scales, activations in, outputs out) over time, and its
+fraction of the device-to-device copy bandwidth measured in the same run.
+
+Before timing, each problem's kernel configs are tuned (same rotation) and the
+table is written to ``--tuned-out`` (the package ships it: ``kernels/tuned``).
+Writes ``kernels.json`` and ``kernels.png`` under ``--out``.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import platform
+import sys
+import time
+from dataclasses import asdict, dataclass
+from pathlib import Path
+
+import torch
+
+SHAPES = {
+    "llama3-8b": (("qkv", 6144, 4096), ("o", 4096, 4096), ("gate_up", 28672, 4096), ("down", 4096, 14336)),
+    "qwen2-1.5b": (("qkv", 2048, 1536), ("o", 1536, 1536), ("gate_up", 17920, 1536), ("down", 1536, 8960)),
+}
+MS = (1, 4, 16, 64, 2048)
+GROUP = 64
+
+
+@dataclass
+class Row:
+    model: str
+    layer: str
+    n: int
+    k: int
+    m: int
+    kernel: str  # what trit::linear chose
+    trit_us: float
+    bf16_us: float
+    reference_us: float
+    trit_bytes: int
+    bf16_bytes: int
+    trit_gbps: float
+    bf16_gbps: float
+    trit_frac_copy_bw: float
+    speedup_vs_bf16: float
+
+
+def copy_bandwidth(gib: float = 2.0) -> float:
+    from trit.kernels import tuning
+
+    """Device-to-device copy, bytes read plus bytes written per second."""
+    n = int(gib * 2**30) // 2
+    a = torch.empty(n, dtype=torch.bfloat16, device="cuda").normal_()
+    b = torch.empty_like(a)
+    us = tuning.graph_time_us([lambda: b.copy_(a)], reps=20)
+    return 2 * n * 2 / (us * 1e-6)
+
+
+def copies_for(nbytes: int, l2_bytes: int, factor: int = 4, cap: int = 256) -> int:
+    return max(2, min(cap, math.ceil(factor * l2_bytes / nbytes)))
+
+
+def ternary_layer(n: int, k: int, device: str = "cuda") -> tuple[torch.Tensor, torch.Tensor]:
+    """Random codes (0..2, never 3) packed as the format says, and fp16 scales."""
+    codes = torch.randint(0, 3, (n, k // 4, 4), dtype=torch.uint8, device=device)
+    packed = codes[..., 0] | codes[..., 1] << 2 | codes[..., 2] << 4 | codes[..., 3] << 6
+    scale = (torch.rand(n, k // GROUP, device=device) * 0.02 + 0.005).half()
+    return packed.contiguous(), scale
+
+
+def bench_problem(n: int, k: int, m: int, l2: int, tune: bool) -> dict:
+    from trit import ops
+    from trit.kernels import cuda, dequant, gemm, gemv, tuning
+    from trit.kernels.reference import linear as ref_linear
+
+    x = torch.randn(m, k, device="cuda", dtype=torch.bfloat16)
+    t_bytes = n * k // 4 + n * (k // GROUP) * 2
+    copies = copies_for(t_bytes, l2)
+    layers = [ternary_layer(n, k) for _ in range(copies)]
+    key = tuning.key(m, n, k, GROUP, torch.bfloat16)
+    tuned = {}
+    if tune:
+        for name, launch, cands in (
+            ("gemv", gemv.gemv, gemv.CONFIGS if m <= gemv.MAX_M else ()),
+            ("gemm", gemm.gemm, gemm.configs_for(m, GROUP) if m < cuda.DEQUANT_MIN_M else ()),
+        ):
+            if not cands:
+                continue
+
+            def make_calls(cfg, launch=launch):
+                return [lambda p=p, s=s: launch(x, p.view(torch.int32), s, GROUP, None, cfg) for p, s in layers]
+
+            best, us = tuning.tune(make_calls, cands)
+            tuning.remember(name, key, best, persist=False)
+            tuned[name] = {"config": asdict(best), "us": us}
+        if m >= 16:
+            calls = [lambda p=p, s=s: dequant.linear(x, p.view(torch.int32), s, GROUP) for p, s in layers]
+            tuned["dequant_cublas"] = {"us": tuning.graph_time_us(calls)}
+        tuning.prefer(key, min(tuned, key=lambda name: tuned[name]["us"]))
+    out = {"tuned": tuned}
+    problem = ops.Problem(m, n, k, GROUP, "cuda", torch.bfloat16)
+    out["kernel"] = ops.choose_kernel(problem).kernel.name
+    out["trit_us"] = tuning.graph_time_us([_op_call(x, p, s) for p, s in layers])
+    w_bytes = n * k * 2
+    bf16_copies = copies_for(w_bytes, l2)
+    weights = [torch.randn(n, k, device="cuda", dtype=torch.bfloat16) for _ in range(bf16_copies)]
+    out["bf16_us"] = tuning.graph_time_us([lambda w=w: torch.nn.functional.linear(x, w) for w in weights])
+    del weights
+    ref = [lambda p=p, s=s: ref_linear(x, p, s, GROUP) for p, s in layers[: min(copies, 8)]]
+    out["reference_us"] = tuning.graph_time_us(ref, reps=3)
+    out["trit_bytes"] = t_bytes + m * k * 2 + m * n * 2
+    out["bf16_bytes"] = w_bytes + m * k * 2 + m * n * 2
+    return out
+
+
+def _op_call(x, packed, scale):
+    return lambda: torch.ops.trit.linear(x, packed, scale, GROUP, None)
+
+
+def plot(rows: list[Row], copy_bw: float, path: Path) -> None:
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    fig, axes = plt.subplots(1, 2, figsize=(14, 5))
+    labels = [f"{r.model}\n{r.layer}" for r in rows if r.m == MS[0]]
+    for m in MS:
+        sel = [r for r in rows if r.m == m]
+        axes[0].plot(labels, [r.speedup_vs_bf16 for r in sel], marker="o", label=f"M={m}")
+        axes[1].plot(labels, [r.trit_frac_copy_bw for r in sel], marker="o", label=f"M={m}")
+    axes[0].axhline(1.0, color="gray", lw=0.8)
+    axes[0].set_ylabel("speed-up over bf16 cuBLAS (x)")
+    axes[1].set_ylabel(f"fraction of copy bandwidth ({copy_bw / 1e12:.2f} TB/s)")
+    for ax in axes:
+        ax.tick_params(axis="x", labelsize=7)
+        ax.legend()
+        ax.grid(alpha=0.3)
+    fig.suptitle(f"trit::linear, group {GROUP}, bf16 activations, {torch.cuda.get_device_name()}")
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+
+
+def main(out_dir: Path, quick: bool = False, tune: bool = True, tuned_out: Path | None = None) -> int:
+    from trit.kernels import tuning
+
+    if not torch.cuda.is_available():
+        print("trit bench kernels needs a CUDA GPU", file=sys.stderr)
+        return 2
+    out_dir.mkdir(parents=True, exist_ok=True)
+    l2 = torch.cuda.get_device_properties(0).L2_cache_size
+    copy_bw = copy_bandwidth()
+    print(f"{torch.cuda.get_device_name()}: copy bandwidth {copy_bw / 1e12:.3f} TB/s, L2 {l2 / 2**20:.0f} MiB")
+    ms = MS[:2] if quick else MS
+    rows, tuned = [], {}
+    start = time.time()
+    for model, shapes in SHAPES.items():
+        for layer, n, k in shapes:
+            for m in ms:
+                r = bench_problem(n, k, m, l2, tune)
+                tuned[tuning.key(m, n, k, GROUP, torch.bfloat16)] = r["tuned"]
+                row = Row(model, layer, n, k, m, r["kernel"], r["trit_us"], r["bf16_us"], r["reference_us"],
+                          r["trit_bytes"], r["bf16_bytes"], r["trit_bytes"] / r["trit_us"] / 1e3,
+                          r["bf16_bytes"] / r["bf16_us"] / 1e3, r["trit_bytes"] / (r["trit_us"] * 1e-6) / copy_bw,
+                          r["bf16_us"] / r["trit_us"])
+                rows.append(row)
+                print(f"{model:>10} {layer:>7} {n:>5}x{k:<5} M={m:<4} {row.kernel:>22} trit {row.trit_us:8.2f} us "
+                      f"bf16 {row.bf16_us:8.2f} us ref {row.reference_us:9.2f} us  x{row.speedup_vs_bf16:5.2f} "
+                      f"{row.trit_frac_copy_bw:6.1%} of copy bw", flush=True)
+    summary = {}
+    for model in SHAPES:
+        for m in ms:
+            sel = [r for r in rows if r.model == model and r.m == m]
+            summary[f"{model} M={m}"] = sum(r.bf16_us for r in sel) / sum(r.trit_us for r in sel)
+    result = {
+        "command": " ".join(sys.argv),
+        "device": torch.cuda.get_device_name(),
+        "torch": torch.__version__,
+        "triton": __import__("triton").__version__,
+        "python": platform.python_version(),
+        "group_size": GROUP,
+        "copy_bandwidth_bytes_per_s": copy_bw,
+        "l2_bytes": l2,
+        "seconds": time.time() - start,
+        "summed_speedup_vs_bf16": summary,
+        "rows": [asdict(r) for r in rows],
+        "tuned": tuned,
+    }
+    (out_dir / "kernels.json").write_text(json.dumps(result, indent=1))
+    if tuned_out is not None:
+        table = {"device": torch.cuda.get_device_name(), "command": result["command"],
+                 "configs": {kernel: {} for kernel in ("gemv", "gemm")},
+                 "choice": {key: min(entry, key=lambda name: entry[name]["us"]) for key, entry in tuned.items() if entry}}
+        for key, entry in tuned.items():
+            for kernel, t in entry.items():
+                if "config" in t:  # dequant_cublas has no config, only a time
+                    table["configs"][kernel][key] = t["config"]
+        tuned_out.parent.mkdir(parents=True, exist_ok=True)
+        tuned_out.write_text(json.dumps(table, indent=1, sort_keys=True))
+    try:
+        plot(rows, copy_bw, out_dir / "kernels.png")
+    except ImportError:
+        print("matplotlib missing: no plot", file=sys.stderr)
+    for name, s in summary.items():
+        print(f"summed over the layers, {name}: x{s:.2f} vs bf16")
+    return 0

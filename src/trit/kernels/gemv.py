@@ -1,0 +1,236 @@
+"""Decode GEMV: ``y = x @ W.T`` for a few rows of activations (M <= 4), on CUDA cores, near memory bandwidth.
+
+At M = 1 a ternary layer is read once per token, so the kernel must decode
+2-bit codes faster than memory delivers them: two instructions a weight. The
+codes are read in place from a float's mantissa. For a word shifted so that
+code ``i`` sits at bits ``p, p + 1`` (p in 14, 16, 18, 20), one three-input
+logic op ``(word & 3 << p) | 0x3F800000`` is the float ``1 + c * 2**(p - 23)``
+(c in {0, 1, 2}). One FMA with the activation pre-scaled by ``2**(23 - p)``
+adds ``x_s + x * c``. The ``x_s`` terms and the ``- x`` that turns ``c`` into
+``c - 1`` depend on the activations only: they are summed once per word and
+taken off before the group scale. Each shifted word serves four codes, so a
+weight costs one logic op, one FMA and a quarter of a shift. The sums stay
+exact to about 14 bits (the largest pre-scale is 2**9), far inside bf16.
+
+Each program owns ``BLOCK_N`` rows and a ``1 / SPLIT_K`` share of K; the next
+step's words are loaded while the current step computes. Split-K programs add
+up in the same launch (:mod:`trit.kernels.splitk`).
+
+Configs first, then the kernel, then the launcher (the layout of gemlite's
+kernel files).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+import triton
+import triton.language as tl
+
+from trit.kernels import splitk
+
+MAX_M = 4
+ONE_BITS = 0x3F800000  # 1.0f
+
+
+@dataclass(frozen=True)
+class GemvConfig:
+    block_n: int = 32
+    block_kw: int = 64  # int32 words (16 weights each) per row per step
+    split_k: int = 1
+    num_warps: int = 4
+
+    def as_kwargs(self) -> dict:
+        return {"BLOCK_N": self.block_n, "BLOCK_KW": self.block_kw, "SPLIT_K": self.split_k,
+                "num_warps": self.num_warps}
+
+
+def default_config(n: int, k: int, m: int) -> GemvConfig:
+    """A config that fills an H100/H200-class GPU (132 SMs) for this shape, without tuning."""
+    kw = k // 16
+    block_kw = 64 if kw >= 64 else max(triton.next_power_of_2(kw) // 2, 4)
+    block_n = 32 if m <= 2 else 16
+    split = 1
+    while (n // block_n) * split < 2 * 132 and kw // (block_kw * split * 2) >= 1 and split < 8:
+        split *= 2
+    return GemvConfig(block_n, block_kw, split, 4)
+
+
+# the search space: rows a program, words a step, K splits, warps (pruned by hand to what can win)
+CONFIGS = tuple(
+    GemvConfig(bn, bkw, sk, nw)
+    for bn, bkw, sk, nw in (
+        (32, 64, 1, 4), (64, 64, 1, 4), (32, 64, 2, 4), (64, 64, 2, 4), (32, 64, 4, 4), (64, 64, 4, 8),
+        (16, 64, 1, 4), (16, 128, 2, 4), (128, 64, 1, 8), (128, 64, 2, 8), (32, 128, 1, 8), (64, 64, 8, 4),
+    )
+)
+
+
+@triton.jit
+def _split16(x):
+    """``[B, 16]`` -> its 16 columns, each ``[B]`` (``tl.split`` halves the last dim each time)."""
+    a, b = tl.split(tl.reshape(x, (x.shape[0], 8, 2)))
+    a0, a1 = tl.split(tl.reshape(a, (x.shape[0], 4, 2)))
+    b0, b1 = tl.split(tl.reshape(b, (x.shape[0], 4, 2)))
+    a00, a01 = tl.split(tl.reshape(a0, (x.shape[0], 2, 2)))
+    a10, a11 = tl.split(tl.reshape(a1, (x.shape[0], 2, 2)))
+    b00, b01 = tl.split(tl.reshape(b0, (x.shape[0], 2, 2)))
+    b10, b11 = tl.split(tl.reshape(b1, (x.shape[0], 2, 2)))
+    c0, c8 = tl.split(a00)
+    c4, c12 = tl.split(a01)
+    c2, c10 = tl.split(a10)
+    c6, c14 = tl.split(a11)
+    c1, c9 = tl.split(b00)
+    c5, c13 = tl.split(b01)
+    c3, c11 = tl.split(b10)
+    c7, c15 = tl.split(b11)
+    return c0, c1, c2, c3, c4, c5, c6, c7, c8, c9, c10, c11, c12, c13, c14, c15
+
+
+@triton.jit
+def _window(words, i: tl.constexpr):
+    """The word shifted so that code ``i`` sits at bit ``14 + 2 * (i % 4)``."""
+    if i < 4:
+        return words << 14
+    elif i < 8:
+        return words << 6
+    elif i < 12:
+        return words >> 2
+    else:
+        return words >> 10
+
+
+@triton.jit
+def _mac(part, window, x, i: tl.constexpr, one_bits):
+    """part += x * c_i scaled in, as the module docstring derives: one LOP3 and one FMA a weight."""
+    p: tl.constexpr = 14 + 2 * (i % 4)
+    v = ((window & (3 << p)) | one_bits).to(tl.float32, bitcast=True)  # 1 + c * 2**(p - 23)
+    return part + v * (x * (2.0 ** (23 - p)))[None, :]
+
+
+@triton.jit
+def _fix_weight(i: tl.constexpr):
+    """What ``_mac`` adds for code ``i`` beyond ``x * (c - 1)``, per unit of x: ``2**(23 - p) + 1``."""
+    return 2.0 ** (23 - (14 + 2 * (i % 4))) + 1.0
+
+
+@triton.jit
+def _dot_words(words, x_ptr, offs_w, w_ok, one_bits):
+    """``[BN, BKW]`` f32: each word's 16 weights (minus one) dotted with their 16 activations.
+
+    The activations of the step are one contiguous ``[BKW, 16]`` load (coalesced), split into columns.
+    """
+    offs_x = offs_w[:, None] * 16 + tl.arange(0, 16)[None, :]
+    if w_ok is None:
+        xt = tl.load(x_ptr + offs_x)
+    else:
+        xt = tl.load(x_ptr + offs_x, mask=w_ok[:, None], other=0.0)
+    xs = _split16(xt.to(tl.float32))
+    part = tl.zeros(words.shape, tl.float32)
+    fix = tl.zeros(offs_w.shape, tl.float32)  # [BKW]: sum of x * (2**(23 - p) + 1), the same for every row
+    for i in tl.static_range(16):
+        part = _mac(part, _window(words, i), xs[i], i, one_bits)
+        fix += xs[i] * _fix_weight(i)
+    return part - fix[None, :]
+
+
+@triton.jit
+def _gemv_kernel(
+    x_ptr,  # (M, K_pad) bf16/fp16, row stride stride_xm
+    w_ptr,  # (N, KW) int32 words
+    s_ptr,  # (N, G) fp16/bf16 scales
+    b_ptr,  # (N,) bias or a dummy
+    y_ptr,  # (M, N) x.dtype
+    ws_ptr,  # (SPLIT_K, M, N) f32 split-K workspace (unused when SPLIT_K == 1)
+    lock_ptr,  # int32 split-K counters, zero between calls
+    M, N, KW, G, stride_xm,
+    one_bits,  # 0x3F800000, an argument on purpose: the compiler keeps it in a register (see _mac)
+    GROUP_W: tl.constexpr,  # words per group (KW for one scale per row)
+    HAS_BIAS: tl.constexpr,
+    M_ROWS: tl.constexpr,  # activation rows, 1..4
+    BLOCK_N: tl.constexpr,
+    BLOCK_KW: tl.constexpr,
+    SPLIT_K: tl.constexpr,
+    EVEN: tl.constexpr,  # N % BLOCK_N == 0 and KW % (BLOCK_KW * SPLIT_K) == 0: no masks
+):
+    pid_n = tl.program_id(0)
+    pid_k = tl.program_id(1)
+    rows = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)
+    row_ok = rows < N
+    words_per_split = tl.cdiv(tl.cdiv(KW, SPLIT_K), BLOCK_KW) * BLOCK_KW
+    kw_start = pid_k * words_per_split
+    kw_end = tl.minimum(kw_start + words_per_split, KW)
+    acc0 = tl.zeros((BLOCK_N, BLOCK_KW), tl.float32)
+    acc1 = tl.zeros((BLOCK_N, BLOCK_KW), tl.float32)
+    acc2 = tl.zeros((BLOCK_N, BLOCK_KW), tl.float32)
+    acc3 = tl.zeros((BLOCK_N, BLOCK_KW), tl.float32)
+    offs_w = kw_start + tl.arange(0, BLOCK_KW)
+    w_ptrs = w_ptr + rows[:, None] * KW + offs_w[None, :]
+    if EVEN:
+        words = tl.load(w_ptrs)
+    else:
+        words = tl.load(w_ptrs, mask=row_ok[:, None] & (offs_w < kw_end)[None, :], other=0x55555555)
+    for kw0 in range(kw_start, kw_end, BLOCK_KW):
+        offs_w = kw0 + tl.arange(0, BLOCK_KW)
+        # prefetch the next step's words while this one computes; the last step re-reads its own
+        step = tl.multiple_of(tl.where(kw0 + BLOCK_KW < kw_end, BLOCK_KW, 0), BLOCK_KW)
+        if EVEN:
+            w_ok = None
+            words_next = tl.load(w_ptrs + step)
+            scale = tl.load(s_ptr + rows[:, None] * G + (offs_w // GROUP_W)[None, :])
+        else:
+            nxt = offs_w + step
+            words_next = tl.load(w_ptrs + step, mask=row_ok[:, None] & (nxt < kw_end)[None, :], other=0x55555555)
+            w_ok = offs_w < kw_end
+            mask = row_ok[:, None] & w_ok[None, :]
+            scale = tl.load(s_ptr + rows[:, None] * G + (offs_w // GROUP_W)[None, :], mask=mask, other=0.0)
+        scale = scale.to(tl.float32)  # [BN, BKW]: each word's group scale
+        acc0 += _dot_words(words, x_ptr, offs_w, w_ok, one_bits) * scale
+        if M_ROWS > 1:
+            acc1 += _dot_words(words, x_ptr + stride_xm, offs_w, w_ok, one_bits) * scale
+        if M_ROWS > 2:
+            acc2 += _dot_words(words, x_ptr + 2 * stride_xm, offs_w, w_ok, one_bits) * scale
+        if M_ROWS > 3:
+            acc3 += _dot_words(words, x_ptr + 3 * stride_xm, offs_w, w_ok, one_bits) * scale
+        words = words_next
+        w_ptrs += step
+    splitk.store_or_reduce(tl.sum(acc0, axis=1), y_ptr, ws_ptr, lock_ptr, b_ptr, rows, row_ok, 0, M, N,
+                           pid_n, pid_k, HAS_BIAS, SPLIT_K, M_ROWS, M_ROWS == 1)
+    if M_ROWS > 1:
+        splitk.store_or_reduce(tl.sum(acc1, axis=1), y_ptr, ws_ptr, lock_ptr, b_ptr, rows, row_ok, 1, M, N,
+                               pid_n, pid_k, HAS_BIAS, SPLIT_K, M_ROWS, M_ROWS == 2)
+    if M_ROWS > 2:
+        splitk.store_or_reduce(tl.sum(acc2, axis=1), y_ptr, ws_ptr, lock_ptr, b_ptr, rows, row_ok, 2, M, N,
+                               pid_n, pid_k, HAS_BIAS, SPLIT_K, M_ROWS, M_ROWS == 3)
+    if M_ROWS > 3:
+        splitk.store_or_reduce(tl.sum(acc3, axis=1), y_ptr, ws_ptr, lock_ptr, b_ptr, rows, row_ok, 3, M, N,
+                               pid_n, pid_k, HAS_BIAS, SPLIT_K, M_ROWS, True)
+
+
+def gemv(
+    x: torch.Tensor,  # (M, K) bf16/fp16, M <= 4, unit stride along K
+    words: torch.Tensor,  # (N, K_pad // 16) int32: the packed codes viewed as words
+    scale: torch.Tensor,  # (N, G)
+    group_size: int,
+    bias: torch.Tensor | None = None,
+    config: GemvConfig | None = None,
+) -> torch.Tensor:  # (M, N) x.dtype
+    m, k = x.shape
+    n, kw = words.shape
+    assert 1 <= m <= MAX_M and x.stride(1) == 1 and words.is_contiguous() and scale.is_contiguous()
+    if k != kw * 16:  # zero columns past K meet the zero (padded) weights: no K masks
+        x = torch.nn.functional.pad(x, (0, kw * 16 - k))
+    cfg = config or default_config(n, k, m)
+    y = torch.empty((m, n), device=x.device, dtype=x.dtype)
+    grid = (triton.cdiv(n, cfg.block_n), cfg.split_k)
+    splitk.check_blocks(grid[0])
+    ws = splitk.workspace(cfg.split_k, m, n, x.device) if cfg.split_k > 1 else y
+    even = n % cfg.block_n == 0 and kw % (cfg.block_kw * cfg.split_k) == 0
+    _gemv_kernel[grid](
+        x, words, scale, bias if bias is not None else scale, y, ws, splitk.counters(x.device),
+        m, n, kw, scale.shape[1], x.stride(0), ONE_BITS,
+        GROUP_W=kw if group_size == -1 else group_size // 16, HAS_BIAS=bias is not None, M_ROWS=m, EVEN=even,
+        **cfg.as_kwargs(),
+    )
+    return y

@@ -1,0 +1,160 @@
+"""Kernel configs by problem: tables shipped with the package, an on-disk cache, and a small tuner.
+
+A config is looked up by ``(kernel, M bucket, N, K, group, dtype)``, and so is
+the kernel the table found fastest for that problem (``choice``). The
+package ships tables tuned on an H200 for common shapes
+(``kernels/tuned/*.json``, written by ``trit bench kernels``); a problem that
+misses gets the kernel's heuristic default at once, so the first call never
+waits. With ``TRIT_AUTOTUNE=1`` a miss is tuned instead (a few dozen configs,
+each timed with ``triton.testing.do_bench``, outside CUDA graph capture) and the
+winner is kept in ``$TRIT_CACHE/tuned.json`` for the next process. Times are
+CUDA graph replays, so that the host's launch overhead does not hide the
+device time of few-microsecond kernels.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import threading
+from collections.abc import Callable, Sequence
+from dataclasses import asdict
+from pathlib import Path
+from typing import Any, TypeVar
+
+import torch
+
+C = TypeVar("C")
+SHIPPED = Path(__file__).parent / "tuned"
+_LOCK = threading.Lock()
+_TABLES: dict[str, dict[str, dict[str, Any]]] | None = None
+
+
+def m_bucket(m: int) -> int:
+    """1..4 exactly (the GEMV unrolls M), then powers of two up to 4096."""
+    if m <= 4:
+        return m
+    b = 8
+    while b < m and b < 4096:
+        b *= 2
+    return b
+
+
+def key(m: int, n: int, k: int, group_size: int, dtype: torch.dtype) -> str:
+    return f"{m_bucket(m)},{n},{k},{group_size},{str(dtype).removeprefix('torch.')}"
+
+
+def cache_file() -> Path:
+    return Path(os.environ.get("TRIT_CACHE", Path.home() / ".cache" / "trit")) / "tuned.json"
+
+
+def _tables() -> dict[str, dict[str, dict[str, Any]]]:
+    global _TABLES
+    with _LOCK:
+        if _TABLES is None:
+            tables: dict[str, dict[str, dict[str, Any]]] = {}
+            for path in [*sorted(SHIPPED.glob("*.json")), cache_file()]:
+                if path.is_file():
+                    data = json.loads(path.read_text())
+                    for kernel, entries in data.get("configs", {}).items():
+                        tables.setdefault(kernel, {}).update(entries)
+                    tables.setdefault("choice", {}).update(data.get("choice", {}))
+            _TABLES = tables
+        return _TABLES
+
+
+def lookup(kernel: str, problem_key: str, config_type: type[C]) -> C | None:
+    entry = _tables().get(kernel, {}).get(problem_key)
+    return config_type(**entry) if entry is not None else None
+
+
+def preferred(problem_key: str) -> str | None:
+    """The kernel the tuned table found fastest for this problem, if it holds one."""
+    return _tables().get("choice", {}).get(problem_key)
+
+
+def prefer(problem_key: str, kernel: str) -> None:
+    """Record (in memory) the fastest kernel for a problem: ``trit bench kernels`` writes these."""
+    with _LOCK:
+        tables = _TABLES if _TABLES is not None else {}
+        tables.setdefault("choice", {})[problem_key] = kernel
+    from trit.ops import choose_kernel
+
+    choose_kernel.cache_clear()
+
+
+def remember(kernel: str, problem_key: str, config: Any, persist: bool = True) -> None:
+    with _LOCK:
+        tables = _TABLES if _TABLES is not None else {}
+        tables.setdefault(kernel, {})[problem_key] = asdict(config)
+    if persist:
+        path = cache_file()
+        path.parent.mkdir(parents=True, exist_ok=True)
+        on_disk = json.loads(path.read_text()) if path.is_file() else {"configs": {}}
+        on_disk.setdefault("configs", {}).setdefault(kernel, {})[problem_key] = asdict(config)
+        tmp = path.with_suffix(f".tmp-{os.getpid()}")
+        tmp.write_text(json.dumps(on_disk, indent=1, sort_keys=True))
+        tmp.replace(path)
+
+
+def graph_time_us(calls: Sequence[Callable[[], object]], reps: int = 10) -> float:
+    """Median over replays of a CUDA graph that makes every call once, per call, in microseconds.
+
+    A graph removes the host's launch overhead, which would otherwise hide the
+    device time of kernels that run for a few microseconds.
+    """
+    stream = torch.cuda.Stream()
+    stream.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(stream):
+        for fn in calls:  # warm-up outside the graph: compiles and allocates
+            fn()
+    torch.cuda.current_stream().wait_stream(stream)
+    torch.cuda.synchronize()
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        for fn in calls:
+            fn()
+    graph.replay()
+    torch.cuda.synchronize()
+    times = []
+    for _ in range(reps):
+        start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+        start.record()
+        graph.replay()
+        end.record()
+        end.synchronize()
+        times.append(start.elapsed_time(end) * 1e3 / len(calls))
+    return sorted(times)[len(times) // 2]
+
+
+def tune(make_calls: Callable[[C], Sequence[Callable[[], object]]], candidates: Sequence[C]) -> tuple[C, float]:
+    """The fastest candidate and its time (us a call, CUDA graph replays of ``make_calls(cfg)``).
+
+    Candidates that fail to compile or run (too much shared memory, ...) are skipped.
+    """
+    best, best_us = None, float("inf")
+    for cfg in candidates:
+        try:
+            us = graph_time_us(make_calls(cfg), reps=5)
+        except Exception:
+            torch.cuda.synchronize()
+            continue
+        if us < best_us:
+            best, best_us = cfg, us
+    if best is None:
+        raise RuntimeError("no candidate config ran")
+    return best, best_us
+
+
+def autotune_enabled() -> bool:
+    return os.environ.get("TRIT_AUTOTUNE") == "1" and not torch.cuda.is_current_stream_capturing()
+
+
+def reset() -> None:
+    """Forget the loaded tables (tests, and after writing a new shipped table)."""
+    global _TABLES
+    with _LOCK:
+        _TABLES = None
+    from trit.ops import choose_kernel
+
+    choose_kernel.cache_clear()

@@ -1,0 +1,146 @@
+"""The Triton kernels against the reference, over a grid of shapes that includes the odd ones.
+
+On a GPU these run directly (and the op, and torch.compile). Without one they
+run on the CPU under ``TRITON_INTERPRET=1``, which must be set before Triton
+compiles anything: ``test_triton_interpreted.py`` runs this file so.
+"""
+
+from __future__ import annotations
+
+import os
+
+import pytest
+import torch
+
+pytest.importorskip("triton")
+
+from trit import format as fmt  # noqa: E402
+from trit.kernels import reference  # noqa: E402
+
+INTERPRET = os.environ.get("TRITON_INTERPRET") == "1"
+CUDA = torch.cuda.is_available() and not INTERPRET
+DEVICE = "cuda" if CUDA else "cpu"
+pytestmark = pytest.mark.skipif(
+    not (CUDA or INTERPRET), reason="needs a GPU; on a CPU test_triton_interpreted.py runs this file interpreted"
+)
+
+# (N, K, group): N not a multiple of any block, K = 576 (SmolLM2), per-row scales, groups 32..128.
+# The interpreter is slow: it takes the first four; the GPU takes them all, and real sizes.
+SHAPES = [(40, 576, 64), (72, 576, 32), (33, 256, 128), (64, 96, -1), (48, 576, 128), (40, 576, -1)]
+if CUDA:
+    SHAPES += [(4096, 4096, 64), (1000, 2880, 64), (6144, 4096, 128), (1536, 8960, -1)]
+else:
+    SHAPES = SHAPES[:4]
+DTYPES = [torch.bfloat16, torch.float16]
+
+
+def layer(n: int, k: int, group: int, seed: int):
+    g = torch.Generator().manual_seed(seed)
+    k_pad = fmt.padded_k(k, group)
+    values = torch.randint(-1, 2, (n, k_pad), generator=g, dtype=torch.int8)
+    values[:, k:] = 0
+    groups = 1 if group == -1 else k_pad // group
+    scale = (torch.rand(n, groups, generator=g) * 0.02 + 0.005).half()
+    return fmt.pack(values).to(DEVICE), scale.to(DEVICE)
+
+
+def inputs(m: int, k: int, n: int, dtype: torch.dtype, bias: bool, seed: int):
+    g = torch.Generator().manual_seed(seed + 1)
+    x = torch.randn(m, k, generator=g).to(dtype).to(DEVICE)
+    b = torch.randn(n, generator=g).to(dtype).to(DEVICE) if bias else None
+    return x, b
+
+
+def check(y: torch.Tensor, ref: torch.Tensor, dtype: torch.dtype) -> None:
+    """bf16 tolerance: relative Frobenius error below 1e-2 (fp16: 2e-3), nothing left unwritten."""
+    assert y.shape == ref.shape and y.dtype == ref.dtype
+    assert torch.isfinite(y).all()
+    err = (y.double() - ref.double()).norm() / ref.double().norm()
+    assert err < (1e-2 if dtype == torch.bfloat16 else 2e-3), f"relative error {err:.2e}"
+
+
+def reference_out(x, packed, scale, group, bias):
+    return reference.linear(x.cpu(), packed.cpu(), scale.cpu(), group, None if bias is None else bias.cpu())
+
+
+@pytest.mark.parametrize(("n", "k", "group"), SHAPES)
+@pytest.mark.parametrize("m", [1, 3, 4] if CUDA else [1, 3])
+@pytest.mark.parametrize("dtype", DTYPES)
+def test_gemv(n: int, k: int, group: int, m: int, dtype: torch.dtype) -> None:
+    from trit.kernels import gemv
+
+    packed, scale = layer(n, k, group, seed=n + k)
+    x, b = inputs(m, k, n, dtype, bias=m == 3, seed=m)
+    configs = [gemv.GemvConfig(4, 8, 2, 4)] if INTERPRET else [None, *gemv.CONFIGS[::5]]
+    for cfg in configs:
+        y = gemv.gemv(x, packed.view(torch.int32), scale, group, b, cfg)
+        check(y.cpu(), reference_out(x, packed, scale, group, b), dtype)
+
+
+@pytest.mark.parametrize(("n", "k", "group"), SHAPES)
+@pytest.mark.parametrize("m", [1, 3, 17, 300] if CUDA else [1, 17])
+@pytest.mark.parametrize("dtype", DTYPES)
+def test_gemm(n: int, k: int, group: int, m: int, dtype: torch.dtype) -> None:
+    from trit.kernels import gemm
+
+    packed, scale = layer(n, k, group, seed=n + k)
+    x, b = inputs(m, k, n, dtype, bias=m == 17, seed=m)
+    configs = [c for c in gemm.configs_for(m, group)][::5] + [None] if CUDA else [None]
+    for cfg in configs:
+        y = gemm.gemm(x, packed.view(torch.int32), scale, group, b, cfg)
+        check(y.cpu(), reference_out(x, packed, scale, group, b), dtype)
+
+
+@pytest.mark.parametrize(("n", "k", "group"), SHAPES)
+@pytest.mark.parametrize("dtype", DTYPES)
+def test_dequant(n: int, k: int, group: int, dtype: torch.dtype) -> None:
+    from trit.kernels import dequant
+
+    packed, scale = layer(n, k, group, seed=n + k)
+    w = dequant.dequantize(packed.view(torch.int32), scale, group, k, dtype)
+    want = reference.dequantize(packed.cpu(), scale.cpu(), group, k, torch.float32).to(dtype)
+    if CUDA:  # one rounding of the same product: bit-exact
+        assert torch.equal(w.cpu(), want)
+    else:  # the interpreter truncates float32 -> bf16 instead of rounding: one unit in the last place
+        torch.testing.assert_close(w.cpu(), want, rtol=2**-7, atol=0)
+    x, b = inputs(5, k, n, dtype, bias=True, seed=5)
+    check(dequant.linear(x, packed.view(torch.int32), scale, group, b).cpu(), reference_out(x, packed, scale, group, b), dtype)
+
+
+@pytest.mark.skipif(not CUDA, reason="the op dispatches to Triton on CUDA tensors only")
+@pytest.mark.parametrize("m", [1, 4, 17, 300, 2048])
+def test_op_chooses_and_matches(m: int) -> None:
+    from trit import ops
+
+    n, k, group = 1000, 2880, 64
+    packed, scale = layer(n, k, group, seed=1)
+    x, b = inputs(m, k, n, torch.bfloat16, bias=True, seed=m)
+    x3 = x.view(1, m, k)
+    y = torch.ops.trit.linear(x3, packed, scale, group, b)
+    assert y.shape == (1, m, n)
+    check(y.view(m, n).cpu(), reference_out(x, packed, scale, group, b), torch.bfloat16)
+    choice = ops.choose_kernel(ops.Problem.of(x3, packed, group))
+    assert choice.kernel.name.startswith("triton_")
+
+
+@pytest.mark.skipif(not CUDA, reason="needs a GPU")
+def test_torch_compile_fullgraph_has_no_graph_breaks() -> None:
+    from trit.nn import TritLinear
+
+    torch.manual_seed(0)
+    layers = []
+    for n, k in [(256, 576), (576, 256)]:
+        lin = TritLinear(k, n, bias=True, group_size=64, dtype=torch.bfloat16, device="cuda")
+        packed, scale = layer(n, k, 64, seed=n)
+        lin.weight_packed.copy_(packed)
+        lin.weight_scale.copy_(scale)
+        lin.bias.data.normal_()
+        layers.append(lin)
+    model = torch.nn.Sequential(layers[0], torch.nn.SiLU(), layers[1])
+    x = torch.randn(3, 576, device="cuda", dtype=torch.bfloat16)
+    eager = model(x)
+    compiled = torch.compile(model, fullgraph=True)  # raises on any graph break
+    for m in (1, 3, 40):
+        xm = torch.randn(m, 576, device="cuda", dtype=torch.bfloat16)
+        check(compiled(xm).float().cpu(), model(xm).float().cpu(), torch.bfloat16)
+    check(compiled(x).float().cpu(), eager.float().cpu(), torch.bfloat16)
