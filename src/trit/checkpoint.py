@@ -37,11 +37,24 @@ class CheckpointError(TritError, ValueError):
         super().__init__(f"{path}: {problem}")
 
 
+_DTYPES = {
+    "BOOL": torch.bool, "U8": torch.uint8, "I8": torch.int8, "I16": torch.int16, "I32": torch.int32,
+    "I64": torch.int64, "F16": torch.float16, "BF16": torch.bfloat16, "F32": torch.float32, "F64": torch.float64,
+}
+
+
 @dataclass(frozen=True)
 class TensorInfo:
     dtype: str  # safetensors dtype code: "BF16", "F16", "F32", "U8", ...
     shape: tuple[int, ...]
     shard: Path
+
+    def meta(self) -> torch.Tensor:
+        """A data-less tensor of this dtype and shape, for checks that need no values."""
+        dtype = _DTYPES.get(self.dtype)
+        if dtype is None:
+            raise CheckpointError(self.shard, f"dtype {self.dtype} is not one trit reads")
+        return torch.empty(self.shape, dtype=dtype, device="meta")
 
 
 @dataclass(frozen=True)

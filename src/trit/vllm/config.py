@@ -1,0 +1,175 @@
+"""trit inside vLLM: the quantization config and the linear method.
+
+``TritVllmConfig`` is registered under ``quant_method = "trit"``; vLLM builds it
+from the checkpoint's ``quantization_config`` (which :mod:`trit.format`
+validates, so a checkpoint of another format version fails with trit's own
+message), then :meth:`TritVllmConfig.maybe_update_config` checks every
+tensor's name, dtype and shape against the model from the safetensors headers
+before any weight is read. ``TritLinearMethod`` gives each linear layer its
+packed codes and group scales as vLLM parameters that shard correctly under
+tensor parallelism:
+
+- ``weight_packed`` ``(N, K_pad / 4)`` uint8, a ``PackedvLLMParameter`` packed
+  along the input dimension (K): column-parallel layers (QKV, gate/up, merged
+  or not) split N, row-parallel layers split K, in whole bytes;
+- ``weight_scale`` ``(N, K_pad / group)``, a ``GroupQuantScaleParameter``
+  (split with K on row-parallel layers), or with one scale per row a
+  ``ChannelQuantScaleParameter`` (replicated along K).
+
+A tensor-parallel size whose K partition would cut a group or a byte, or split
+a padded K, is refused with the layer and the reason. ``apply`` calls
+``torch.ops.trit.linear``, the op of the embedded runtime (Triton on CUDA, the
+CPU kernel on CPU), a custom op with a fake implementation that vLLM's
+``torch.compile`` traces through.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import torch
+from vllm.model_executor.layers import linear as vllm_linear
+from vllm.model_executor.layers.linear import LinearBase, LinearMethodBase, UnquantizedLinearMethod
+from vllm.model_executor.layers.quantization import register_quantization_config
+from vllm.model_executor.layers.quantization.base_config import QuantizationConfig
+from vllm.model_executor.parameter import (
+    ChannelQuantScaleParameter,
+    GroupQuantScaleParameter,
+    PackedvLLMParameter,
+)
+
+import trit.ops  # noqa: F401  (registers torch.ops.trit.linear)
+from trit import format as fmt
+
+
+class TritVllmConfig(QuantizationConfig):
+    def __init__(self, trit_config: fmt.TritConfig):
+        super().__init__()
+        self.trit = trit_config
+
+    def __repr__(self) -> str:
+        return f"TritVllmConfig({self.trit})"
+
+    @classmethod
+    def get_name(cls) -> str:
+        return fmt.QUANT_METHOD
+
+    @classmethod
+    def get_supported_act_dtypes(cls) -> list[torch.dtype]:
+        return [torch.bfloat16, torch.float16, torch.float32]
+
+    @classmethod
+    def get_min_capability(cls) -> int:
+        return 70
+
+    @staticmethod
+    def get_config_filenames() -> list[str]:
+        return []  # the quantization_config of config.json
+
+    @classmethod
+    def from_config(cls, config: dict[str, Any]) -> TritVllmConfig:
+        return cls(fmt.TritConfig.from_dict(config))
+
+    def maybe_update_config(self, model_name: str, hf_config: Any = None, revision: str | None = None) -> None:
+        """Check the checkpoint's names, dtypes and shapes (headers only) before vLLM loads a byte."""
+        from pathlib import Path
+
+        if not Path(model_name).is_dir():
+            return  # a hub name: vLLM resolves it later; the load itself still checks values
+        from trit.eval.audit import audit
+
+        report = audit(model_name, values=False)
+        if not report.ok:
+            first = next(f for c in report.checks for f in c.failures)
+            raise fmt.FormatError(model_name, "a valid trit checkpoint", first)
+
+    def _is_skipped(self, prefix: str) -> bool:
+        """Whether vLLM's module ``prefix`` stays in high precision; a fused module must be all or none."""
+        parent, _, leaf = prefix.rpartition(".")
+        parts = getattr(self, "packed_modules_mapping", {}).get(leaf, [leaf])
+        names = [f"{parent}.{p}" if parent else p for p in parts]
+        kept = [not self.trit.is_converted(n) for n in names]
+        if any(kept) and not all(kept):
+            raise fmt.FormatError(
+                prefix, "all or none of its fused parts in modules_not_converted",
+                f"{', '.join(n for n, k in zip(names, kept) if k)} kept and the others ternary",
+            )
+        return all(kept)
+
+    def get_quant_method(self, layer: torch.nn.Module, prefix: str):
+        if isinstance(layer, LinearBase):
+            if self._is_skipped(prefix):
+                return UnquantizedLinearMethod()
+            return TritLinearMethod(self.trit, prefix)
+        return None
+
+
+class TritLinearMethod(LinearMethodBase):
+    def __init__(self, trit_config: fmt.TritConfig, prefix: str = ""):
+        self.trit = trit_config
+        self.prefix = prefix
+
+    def create_weights(
+        self,
+        layer: torch.nn.Module,
+        input_size_per_partition: int,
+        output_partition_sizes: list[int],
+        input_size: int,
+        output_size: int,
+        params_dtype: torch.dtype,
+        **extra_weight_attrs,
+    ) -> None:
+        group = self.trit.group_size
+        k_pad = shard_k_pad(self.prefix, input_size, input_size_per_partition, group)
+        n = sum(output_partition_sizes)
+        loader = extra_weight_attrs["weight_loader"]
+        packed = PackedvLLMParameter(
+            data=torch.empty(n, k_pad // fmt.CODES_PER_BYTE, dtype=torch.uint8),
+            input_dim=1, output_dim=0, packed_dim=1, packed_factor=fmt.CODES_PER_BYTE, weight_loader=loader,
+        )
+        scale_dtype = self.trit.scale_dtype.torch
+        if group == -1:
+            scale = ChannelQuantScaleParameter(
+                data=torch.empty(n, 1, dtype=scale_dtype), output_dim=0, weight_loader=loader)
+        else:
+            scale = GroupQuantScaleParameter(
+                data=torch.empty(n, k_pad // group, dtype=scale_dtype), input_dim=1, output_dim=0,
+                weight_loader=loader)
+        layer.register_parameter(fmt.PACKED_SUFFIX, packed)
+        layer.register_parameter(fmt.SCALE_SUFFIX, scale)
+        layer.trit_group_size = group
+
+    def process_weights_after_loading(self, layer: torch.nn.Module) -> None:
+        """Check the loaded values (codes, scales) on the device, then keep plain tensors."""
+        packed, scale = layer.weight_packed.data, layer.weight_scale.data
+        fmt.check_layer(self.prefix, packed, scale, self.trit.group_size, check_values=True)
+        layer.weight_packed = torch.nn.Parameter(packed, requires_grad=False)
+        layer.weight_scale = torch.nn.Parameter(scale, requires_grad=False)
+
+    def apply(self, layer: torch.nn.Module, x: torch.Tensor, bias: torch.Tensor | None = None) -> torch.Tensor:
+        return torch.ops.trit.linear(x, layer.weight_packed, layer.weight_scale, layer.trit_group_size, bias)
+
+
+def shard_k_pad(prefix: str, k: int, k_part: int, group: int) -> int:
+    """The stored K of one tensor-parallel shard; refuses a split that breaks a group, a byte or padding."""
+    k_pad = fmt.padded_k(k, group)
+    if k_part == k:
+        return k_pad
+    parts = k // k_part
+    if k_pad != k:
+        raise fmt.FormatError(
+            prefix, f"an input size that needs no padding to be split {parts} ways (tensor parallel)",
+            f"K={k} padded to {k_pad}; convert with --pad keep, or use tensor parallel size 1",
+        )
+    if k_part % fmt.CODES_PER_BYTE:
+        raise fmt.FormatError(prefix, f"a K shard of whole bytes (4 codes) at tensor parallel {parts}", f"K shard {k_part}")
+    if group != -1 and k_part % group:
+        raise fmt.FormatError(
+            prefix, f"a K shard of whole groups of {group} at tensor parallel {parts}", f"K shard {k_part}")
+    return k_part
+
+
+def install() -> None:
+    register_quantization_config(fmt.QUANT_METHOD)(TritVllmConfig)
+    if TritLinearMethod.__name__ not in vllm_linear.WEIGHT_LOADER_V2_SUPPORTED:
+        vllm_linear.WEIGHT_LOADER_V2_SUPPORTED.append(TritLinearMethod.__name__)

@@ -1,0 +1,25 @@
+"""What a user writes: vLLM only, no import of trit (the plugin comes in through its entry point).
+
+    python llm_script.py CKPT OUT.json [--dtype float32]
+
+Writes the greedy continuations and prompt log-probs of a fixed prompt set as JSON.
+"""
+
+import json
+import sys
+
+PROMPTS = ["The capital of France is", "Hello, my name is", "def fibonacci(n):", "1, 2, 3, 4,"]
+
+if __name__ == "__main__":  # vLLM spawns workers: the guard is required
+    from vllm import LLM, SamplingParams
+
+    ckpt, out = sys.argv[1], sys.argv[2]
+    llm = LLM(model=ckpt, dtype="float32", enforce_eager=True, gpu_memory_utilization=0.3, max_model_len=512)
+    params = SamplingParams(max_tokens=16, temperature=0.0, prompt_logprobs=0)
+    result = []
+    for o in llm.generate(PROMPTS, params):
+        logprobs = [None] + [next(iter(d.values())).logprob for d in o.prompt_logprobs[1:]]
+        result.append({"prompt_ids": list(o.prompt_token_ids), "greedy": list(o.outputs[0].token_ids),
+                       "prompt_logprobs": logprobs})
+    with open(out, "w") as f:
+        json.dump(result, f)
