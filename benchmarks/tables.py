@@ -1,0 +1,52 @@
+"""Markdown tables for the README, made from the committed result files (never typed by hand).
+
+    python benchmarks/tables.py kernels   # from benchmarks/results/kernels.json
+    python benchmarks/tables.py vllm      # from benchmarks/results/vllm_*.json
+"""
+
+from __future__ import annotations
+
+import json
+import sys
+from pathlib import Path
+
+RESULTS = Path(__file__).parent / "results"
+
+
+def kernels() -> str:
+    d = json.loads((RESULTS / "kernels.json").read_text())
+    ms = sorted({r["m"] for r in d["rows"]})
+    lines = [
+        f"Device time per call, us (CUDA-graph replays; {d['device']}, torch {d['torch']}, triton {d['triton']}); "
+        "trit / bf16 cuBLAS, and the speed-up:",
+        "",
+        "| layer (N x K) | " + " | ".join(f"M={m}" for m in ms) + " |",
+        "|---|" + "---|" * len(ms),
+    ]
+    for model in dict.fromkeys(r["model"] for r in d["rows"]):
+        for layer in dict.fromkeys(r["layer"] for r in d["rows"] if r["model"] == model):
+            rows = {r["m"]: r for r in d["rows"] if r["model"] == model and r["layer"] == layer}
+            r0 = rows[ms[0]]
+            cells = [f"{rows[m]['trit_us']:.1f} / {rows[m]['bf16_us']:.1f} (x{rows[m]['speedup_vs_bf16']:.2f})"
+                     for m in ms]
+            lines.append(f"| {model} {layer} ({r0['n']}x{r0['k']}) | " + " | ".join(cells) + " |")
+    lines += ["", "Summed over each model's four layers, speed-up over bf16:", ""]
+    lines += [f"- {name}: x{v:.2f}" for name, v in d["summed_speedup_vs_bf16"].items()]
+    best = max((r for r in d["rows"] if r["m"] == 1), key=lambda r: r["trit_gbps"])
+    lines += ["", f"Best M=1 bandwidth: {best['trit_gbps']:.0f} GB/s ({best['model']} {best['layer']}); "
+              f"bf16 cuBLAS reached {max(r['bf16_gbps'] for r in d['rows'] if r['m'] == 1):.0f} GB/s."]
+    return "\n".join(lines)
+
+
+def vllm() -> str:
+    lines = ["| run | engine load, s | greedy tokens equal to the runtime's (of 24, per prompt) |", "|---|---|---|"]
+    for name in ("graphs", "fp8"):
+        d = json.loads((RESULTS / f"vllm_{name}.json").read_text())
+        r = d[name]
+        lines.append(f"| {name} ({', '.join(f'{k}={v}' for k, v in r['kwargs'].items())}) | "
+                     f"{r['load_seconds']:.0f} | {r['tokens_equal_before_first_difference']} |")
+    return "\n".join(lines)
+
+
+if __name__ == "__main__":
+    print({"kernels": kernels, "vllm": vllm}[sys.argv[1]]())
