@@ -65,3 +65,16 @@ def test_perplexity_on_both(smollm2_float: Path, smollm2_trit: Path) -> None:
     assert results["float"].tokens_scored == results["trit"].tokens_scored == 2 * 255
     assert 5 < results["float"].perplexity < 100  # a working 135M model on WikiText-2
     assert results["trit"].perplexity > results["float"].perplexity  # naive ternary PTQ is worse, as expected
+
+
+@pytest.mark.slow
+@pytest.mark.skipif(not WIKITEXT.is_file(), reason=f"{WIKITEXT} not found")
+def test_full_perplexity_as_the_readme_reports(smollm2_float: Path, smollm2_trit: Path) -> None:
+    """The README's numbers: 16 windows of 512 tokens; bf16 about 36, naive ternary in the millions."""
+    ppl = {}
+    for name, path in (("float", smollm2_float), ("trit", smollm2_trit)):
+        loaded = runtime.load(path, device="cpu", dtype=torch.float32)
+        ppl[name] = perplexity(loaded, tokenize_file(loaded, WIKITEXT), PerplexityOptions(), progress=False)
+    assert ppl["float"].tokens_scored == ppl["trit"].tokens_scored == 16 * 511
+    assert 30 < ppl["float"].perplexity < 45
+    assert ppl["trit"].perplexity > 1e5

@@ -62,38 +62,31 @@ def _flat(x: torch.Tensor) -> torch.Tensor:  # (..., K) -> (M, K) with unit stri
     return x2 if x2.stride(-1) == 1 else x2.contiguous()
 
 
-def run_gemv(x, packed, scale, group_size, bias=None):
+def _run_tuned(name: str, launch, config_type, candidates, x, packed, scale, group_size, bias):
+    """Flatten, look the config up (or tune it with TRIT_AUTOTUNE=1), launch, restore the leading dims."""
     x2 = _flat(x)
     m, k = x2.shape
     n = packed.shape[0]
-    cfg = tuning.lookup("gemv", tuning.key(m, n, k, group_size, x.dtype), gemv.GemvConfig)
+    words = packed.view(torch.int32)
+    key = tuning.key(m, n, k, group_size, x.dtype)
+    cfg = tuning.lookup(name, key, config_type)
     if cfg is None and tuning.autotune_enabled():
-        cfg = _tune("gemv", x2, packed, scale, group_size, gemv.CONFIGS)
-    y = gemv.gemv(x2, packed.view(torch.int32), scale, group_size, bias, cfg)
-    return y.view(*x.shape[:-1], n)
+        calls = lambda c: [lambda: launch(x2, words, scale, group_size, None, c)] * 20  # noqa: E731
+        cfg, _ = tuning.tune(calls, candidates(m, group_size))
+        tuning.remember(name, key, cfg)
+    return launch(x2, words, scale, group_size, bias, cfg).view(*x.shape[:-1], n)
+
+
+def run_gemv(x, packed, scale, group_size, bias=None):
+    return _run_tuned("gemv", gemv.gemv, gemv.GemvConfig, lambda m, g: gemv.CONFIGS,
+                      x, packed, scale, group_size, bias)
 
 
 def run_gemm(x, packed, scale, group_size, bias=None):
-    x2 = _flat(x)
-    m, k = x2.shape
-    n = packed.shape[0]
-    cfg = tuning.lookup("gemm", tuning.key(m, n, k, group_size, x.dtype), gemm.GemmConfig)
-    if cfg is None and tuning.autotune_enabled():
-        cfg = _tune("gemm", x2, packed, scale, group_size, gemm.configs_for(m, group_size))
-    y = gemm.gemm(x2, packed.view(torch.int32), scale, group_size, bias, cfg)
-    return y.view(*x.shape[:-1], n)
+    return _run_tuned("gemm", gemm.gemm, gemm.GemmConfig, gemm.configs_for, x, packed, scale, group_size, bias)
 
 
 def run_dequant(x, packed, scale, group_size, bias=None):
     x2 = _flat(x)
     y = dequant.linear(x2, packed.view(torch.int32), scale, group_size, bias)
     return y.view(*x.shape[:-1], packed.shape[0])
-
-
-def _tune(kernel: str, x2, packed, scale, group_size, candidates):
-    launch = {"gemv": gemv.gemv, "gemm": gemm.gemm}[kernel]
-    words = packed.view(torch.int32)
-    best, _ = tuning.tune(lambda cfg: [lambda: launch(x2, words, scale, group_size, None, cfg)] * 20, candidates)
-    m, k = x2.shape
-    tuning.remember(kernel, tuning.key(m, packed.shape[0], k, group_size, x2.dtype), best)
-    return best
