@@ -55,6 +55,16 @@ def trit_config_of(ckpt: Checkpoint) -> fmt.TritConfig | None:
     return fmt.TritConfig.from_dict(q, where=f"{ckpt.path / CONFIG_FILE}: quantization_config")
 
 
+def meta_model(ckpt: Checkpoint, dtype: torch.dtype | None = None) -> nn.Module:
+    """The checkpoint's transformers model built on the meta device: structure and sizes, no memory."""
+    from transformers import AutoConfig, AutoModelForCausalLM
+
+    hf_config = AutoConfig.from_pretrained(ckpt.path)
+    hf_config.quantization_config = None  # trit is not a transformers quantizer: layers are swapped by hand
+    with torch.device("meta"):
+        return AutoModelForCausalLM.from_config(hf_config, **({"dtype": dtype} if dtype else {}))
+
+
 def load(
     path: str | Path,
     device: str | torch.device | None = None,
@@ -62,7 +72,7 @@ def load(
     validate: bool = True,
 ) -> Loaded:
     """Load a trit (or float) checkpoint folder for inference; see the module docstring."""
-    from transformers import AutoConfig, AutoModelForCausalLM, AutoTokenizer
+    from transformers import AutoModelForCausalLM, AutoTokenizer
 
     device = torch.device(device or default_device())
     dtype = dtype or default_dtype(device)
@@ -73,10 +83,7 @@ def load(
     if qcfg is None:
         model = AutoModelForCausalLM.from_pretrained(ckpt.path, dtype=dtype).to(device).eval()
         return Loaded(model, tokenizer, None, ckpt)
-    hf_config = AutoConfig.from_pretrained(ckpt.path)
-    hf_config.quantization_config = None  # trit is not a transformers quantizer: built by hand below
-    with torch.device("meta"):
-        model = AutoModelForCausalLM.from_config(hf_config, dtype=dtype)
+    model = meta_model(ckpt, dtype)
     names = fmt.layer_names(ckpt.tensors)
     swap_linears(model, names, qcfg)
     _load_tensors(model, ckpt, qcfg, device, dtype, validate)

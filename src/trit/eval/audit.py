@@ -22,7 +22,7 @@ from torch import nn
 from trit import format as fmt
 from trit.arch import check_architecture, is_decoder_linear
 from trit.checkpoint import CONFIG_FILE, Checkpoint, CheckpointError, open_checkpoint
-from trit.runtime import trit_config_of
+from trit.runtime import meta_model, trit_config_of
 
 
 @dataclass
@@ -66,15 +66,6 @@ class AuditReport:
         return "\n".join(lines)
 
 
-def _meta_model(ckpt: Checkpoint) -> nn.Module:
-    from transformers import AutoConfig, AutoModelForCausalLM
-
-    hf_config = AutoConfig.from_pretrained(ckpt.path)
-    hf_config.quantization_config = None
-    with torch.device("meta"):
-        return AutoModelForCausalLM.from_config(hf_config)
-
-
 def _guard(check: Check, fn: Callable[..., None], *args: object) -> bool:
     """Run one check of one item; record its failure. True if it passed."""
     check.checked += 1
@@ -100,7 +91,7 @@ def audit(path: str | Path, values: bool = True) -> AuditReport:
     except (fmt.FormatError, CheckpointError) as e:
         head.failures.append(str(e))
         return report
-    model = _meta_model(ckpt)
+    model = meta_model(ckpt)
     linears = {n: m for n, m in model.named_modules() if isinstance(m, nn.Linear)}
     ternary = fmt.layer_names(ckpt.tensors)
     _check_names(report.check("tensors present and known"), ckpt, model, ternary)

@@ -7,7 +7,7 @@ Reading the packed codes as little-endian int32 words (see :mod:`trit.format`),
 permutation of its 16 inputs, so the activations are permuted the same way
 instead of the weights. Groups (multiples of 16) hold whole words, so the
 group scales are untouched. About 4x faster than :mod:`trit.kernels.reference`
-on a 2-core x86 CPU, and checked against it in ``tests/kernels/test_cpu.py``.
+on a 2-core x86 CPU, and checked against it in ``tests/kernels/test_reference.py``.
 """
 
 from __future__ import annotations

@@ -1,11 +1,12 @@
 """The reference ternary linear: unpack, scale, matmul, in plain PyTorch.
 
-This is the oracle every fast path is tested against, and the CPU path. It
-follows :mod:`trit.format` literally: codes ``c`` in {0, 1, 2}, weight
+This is the oracle every fast path is tested against, and the fallback for
+problems no faster kernel takes. It follows :mod:`trit.format` literally: codes ``c`` in {0, 1, 2}, weight
 ``(c - 1) * scale[n, k // group]``, padded columns past ``in_features`` dropped.
 The arithmetic is float32 throughout, rounded once at the end, so that it is
-the most exact of the paths. Unpacking goes through a 256-entry table (one row of four weights per byte
-value), which keeps the CPU path to one gather per byte.
+the most exact of the paths. Unpacking goes through a 256-entry table (the
+four values each byte holds, made by :func:`trit.format.unpack_codes`), one
+gather per byte.
 """
 
 from __future__ import annotations
@@ -14,15 +15,14 @@ import functools
 
 import torch
 
-from trit.format import CODES_PER_BYTE
+from trit.format import CODES_PER_BYTE, unpack_codes
 
 
 @functools.cache
 def _byte_table(device: torch.device, dtype: torch.dtype) -> torch.Tensor:
     """(256, 4) dtype: the four ternary values (c - 1) each byte value holds, in k order."""
-    b = torch.arange(256, dtype=torch.int32)
-    shifts = torch.arange(0, 8, 2, dtype=torch.int32)
-    return (((b[:, None] >> shifts) & 3) - 1).to(device=device, dtype=dtype)
+    codes = unpack_codes(torch.arange(256, dtype=torch.uint8)[:, None])  # (256, 4) in {0, 1, 2, 3}
+    return (codes.to(torch.int16) - 1).to(device=device, dtype=dtype)
 
 
 def dequantize(
