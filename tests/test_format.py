@@ -102,7 +102,7 @@ def test_check_layer_accepts_a_good_layer() -> None:
         (lambda p, s: (p, s[:, :1]), r"l\.weight_scale: expected shape \(8, 2\)"),
         (lambda p, s: (p[:, :-1], s), r"l\.weight_packed: expected shape \(8, 16\)"),
         (lambda p, s: (p.to(torch.int16), s), r"weight_packed: expected dtype uint8, found int16"),
-        (lambda p, s: (p, s.float()), r"weight_scale: expected dtype float16 or bfloat16"),
+        (lambda p, s: (p, s.double()), r"weight_scale: expected dtype float16, bfloat16 or float32"),
         (lambda p, s: (p, s.index_fill(1, torch.tensor([0]), float("nan"))), r"expected finite scales, found 8 NaN"),
         (lambda p, s: (p, -s), r"expected positive scales, found 16 zero or negative"),
     ],

@@ -20,7 +20,8 @@ little-endian int32 words (when ``K_pad % 16 == 0``), word ``k // 16`` holds
 weight ``k`` in bits ``2 * (k % 16)``: the same bytes, the view GPU kernels load.
 The code value 3 never appears in a valid file.
 
-Scales are ``(N, K_pad // group_size)`` in fp16 (or bf16), one per group of
+Scales are ``(N, K_pad // group_size)`` in fp16 (or bf16; float32 where an
+imported scale has no exact 16-bit form, see :mod:`trit.bitnet`), one per group of
 ``group_size`` consecutive inputs of a row; ``group_size = -1`` means one scale
 per row, shape ``(N, 1)``. The dequantized weight is ``(c - 1) * scale``.
 
@@ -72,12 +73,15 @@ class FormatError(TritError, ValueError):
 
 
 class ScaleDtype(str, enum.Enum):
+    """The stored scale dtype; float32 is for imported scales with no exact 16-bit form (BitNet's ``1 / s``)."""
+
     FLOAT16 = "float16"
     BFLOAT16 = "bfloat16"
+    FLOAT32 = "float32"
 
     @property
     def torch(self) -> torch.dtype:
-        return torch.float16 if self is ScaleDtype.FLOAT16 else torch.bfloat16
+        return {"float16": torch.float16, "bfloat16": torch.bfloat16, "float32": torch.float32}[self.value]
 
 
 class ActivationQuant(str, enum.Enum):
@@ -264,8 +268,8 @@ def check_layer(
         raise FormatError(p_name, "dtype uint8", str(packed.dtype).removeprefix("torch."))
     if packed.dim() != 2:
         raise FormatError(p_name, "2 dimensions (N, K/4)", f"shape {tuple(packed.shape)}")
-    if scale.dtype not in (torch.float16, torch.bfloat16):
-        raise FormatError(s_name, "dtype float16 or bfloat16", str(scale.dtype).removeprefix("torch."))
+    if scale.dtype not in (torch.float16, torch.bfloat16, torch.float32):
+        raise FormatError(s_name, "dtype float16, bfloat16 or float32", str(scale.dtype).removeprefix("torch."))
     n, k4 = packed.shape
     if in_features is None:
         in_features = k4 * CODES_PER_BYTE

@@ -13,7 +13,9 @@ class TritLinear(nn.Module):
     """A linear layer whose weight is ternary codes (``weight_packed``) times group scales (``weight_scale``).
 
     The codes and scales are buffers in the file layout of :mod:`trit.format`;
-    the forward pass is one call of ``torch.ops.trit.linear``.
+    the forward pass is one call of ``torch.ops.trit.linear``. With
+    ``activation=INT8_PER_TOKEN`` the inputs are quantized to int8 per token
+    (BitNet's W1.58A8) inside the op.
     """
 
     def __init__(
@@ -25,22 +27,27 @@ class TritLinear(nn.Module):
         scale_dtype: torch.dtype = torch.float16,
         dtype: torch.dtype | None = None,
         device: torch.device | str | None = None,
+        activation: fmt.ActivationQuant = fmt.ActivationQuant.NONE,
     ):
         super().__init__()
         fmt.check_group_size(group_size, "group_size")
         self.in_features, self.out_features, self.group_size = in_features, out_features, group_size
+        self.activation = fmt.ActivationQuant(activation)
+        self.act_int8 = self.activation is fmt.ActivationQuant.INT8_PER_TOKEN
         p_shape, s_shape = fmt.expected_shapes(out_features, in_features, group_size)
         self.register_buffer("weight_packed", torch.empty(p_shape, dtype=torch.uint8, device=device))
         self.register_buffer("weight_scale", torch.empty(s_shape, dtype=scale_dtype, device=device))
         self.bias = nn.Parameter(torch.empty(out_features, dtype=dtype, device=device)) if bias else None
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:  # (..., K) -> (..., N)
-        return torch.ops.trit.linear(x, self.weight_packed, self.weight_scale, self.group_size, self.bias)
+        return torch.ops.trit.linear(
+            x, self.weight_packed, self.weight_scale, self.group_size, self.bias, self.act_int8
+        )
 
     def extra_repr(self) -> str:
         return (
             f"in_features={self.in_features}, out_features={self.out_features}, "
-            f"group_size={self.group_size}, bias={self.bias is not None}"
+            f"group_size={self.group_size}, bias={self.bias is not None}, activation={self.activation.value}"
         )
 
 
@@ -57,6 +64,6 @@ def swap_linears(model: nn.Module, names: list[str], config: fmt.TritConfig) -> 
             )
         new = TritLinear(
             old.in_features, old.out_features, old.bias is not None, config.group_size,
-            config.scale_dtype.torch, old.weight.dtype, old.weight.device,
+            config.scale_dtype.torch, old.weight.dtype, old.weight.device, config.activation,
         )
         setattr(parent, child, new)

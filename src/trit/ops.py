@@ -1,11 +1,16 @@
 """The one ternary linear op, ``trit::linear``, and the one place a kernel is chosen.
 
-``torch.ops.trit.linear(x, packed, scale, group_size, bias)`` is a
+``torch.ops.trit.linear(x, packed, scale, group_size, bias, act_int8)`` is a
 ``torch.library`` custom op with a fake (meta) implementation, so that
 ``torch.compile(fullgraph=True)`` and vLLM trace through it as one node. At run
 time it calls :func:`choose_kernel`, which walks an ordered list of candidates
 and takes the first that can run the problem; each refusal carries its reason
 (the shape of vLLM's ``choose_mp_linear_kernel``).
+
+With ``act_int8`` (BitNet's W1.58A8) the activations are quantized to int8 per
+token first. A kernel with its own int8 path (``run_a8``) takes the original
+activations; any other gets them quantized and dequantized (``x_q / s``),
+which is the same arithmetic up to one rounding of the product.
 """
 
 from __future__ import annotations
@@ -30,11 +35,12 @@ class Problem:
     group_size: int
     device_type: str
     dtype: torch.dtype
+    act_int8: bool = False
 
     @classmethod
-    def of(cls, x: torch.Tensor, packed: torch.Tensor, group_size: int) -> Problem:
+    def of(cls, x: torch.Tensor, packed: torch.Tensor, group_size: int, act_int8: bool = False) -> Problem:
         m = x.numel() // x.shape[-1] if x.shape[-1] else 0
-        return cls(m, packed.shape[0], x.shape[-1], group_size, x.device.type, x.dtype)
+        return cls(m, packed.shape[0], x.shape[-1], group_size, x.device.type, x.dtype, act_int8)
 
 
 LinearFn = Callable[[torch.Tensor, torch.Tensor, torch.Tensor, int, "torch.Tensor | None"], torch.Tensor]
@@ -44,7 +50,17 @@ LinearFn = Callable[[torch.Tensor, torch.Tensor, torch.Tensor, int, "torch.Tenso
 class Kernel:
     name: str
     refuse: Callable[[Problem], str | None]  # None: can run it; else why not
-    run: LinearFn
+    run: LinearFn | None  # None: an int8-activation kernel only (its refusal turns other problems away)
+    run_a8: LinearFn | None = None  # its own int8-activation path, if it has one
+
+    def __call__(self, x, packed, scale, group_size, bias, act_int8: bool = False) -> torch.Tensor:
+        if not act_int8:
+            assert self.run is not None, f"{self.name} takes int8 activations only"
+            return self.run(x, packed, scale, group_size, bias)
+        if self.run_a8 is not None:
+            return self.run_a8(x, packed, scale, group_size, bias)
+        assert self.run is not None
+        return self.run(reference.fake_quantize_activations_int8(x), packed, scale, group_size, bias)
 
 
 def _reference_refuse(p: Problem) -> str | None:
@@ -57,7 +73,7 @@ def _cpu_refuse(p: Problem) -> str | None:
     return cpu.refuse(padded_k(p.k, p.group_size), p.group_size)
 
 
-REFERENCE = Kernel("reference", _reference_refuse, reference.linear)
+REFERENCE = Kernel("reference", _reference_refuse, reference.linear, reference.linear_a8)
 CPU = Kernel("cpu_words", _cpu_refuse, cpu.linear)
 
 
@@ -96,12 +112,13 @@ def linear(
     scale: torch.Tensor,  # (N, G) fp16/bf16
     group_size: int,
     bias: torch.Tensor | None = None,  # (N,)
+    act_int8: bool = False,
 ) -> torch.Tensor:  # (..., N) x.dtype
-    """Ternary linear layer: ``x @ dequantize(packed, scale).T + bias``."""
-    kernel = choose_kernel(Problem.of(x, packed, group_size)).kernel
-    return kernel.run(x, packed, scale, group_size, bias)
+    """Ternary linear layer: ``x @ dequantize(packed, scale).T + bias`` (``x`` int8 per token if ``act_int8``)."""
+    kernel = choose_kernel(Problem.of(x, packed, group_size, act_int8)).kernel
+    return kernel(x, packed, scale, group_size, bias, act_int8)
 
 
 @linear.register_fake
-def _(x, packed, scale, group_size, bias=None):
+def _(x, packed, scale, group_size, bias=None, act_int8=False):
     return x.new_empty((*x.shape[:-1], packed.shape[0]))

@@ -4,7 +4,10 @@ This is the oracle every fast path is tested against, and the fallback for
 problems no faster kernel takes. It follows :mod:`trit.format` literally: codes ``c`` in {0, 1, 2}, weight
 ``(c - 1) * scale[n, k // group]``, padded columns past ``in_features`` dropped.
 The arithmetic is float32 throughout, rounded once at the end, so that it is
-the most exact of the paths. Unpacking goes through a 256-entry table (the
+the most exact of the paths. With int8 activations (BitNet's W1.58A8) each
+token is first quantized to int8 by its absolute maximum, the integer sums are
+taken in float32 (exact for any realistic K) and divided by the token's scale
+afterwards, as BitNet's ``BitLinear`` does. Unpacking goes through a 256-entry table (the
 four values each byte holds, made by :func:`trit.format.unpack_codes`), one
 gather per byte.
 """
@@ -50,3 +53,39 @@ def linear(
     w = dequantize(packed, scale, group_size, x.shape[-1], torch.float32)
     b = None if bias is None else bias.float()
     return torch.nn.functional.linear(x.float(), w, b).to(x.dtype)
+
+
+INT8_MAX = 127
+
+
+def quantize_activations_int8(x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """Per-token symmetric int8: ``x ~ x_q / s`` with ``s = 127 / max|x|`` over the last dimension.
+
+    Returns ``x_q`` (..., K) int8 in [-128, 127] and ``s`` (..., 1) float32; a zero row gets
+    ``max|x|`` floored at 1e-5, as in BitNet b1.58 (Ma et al. 2024, eq. 4-5).
+    """
+    xf = x.float()
+    s = INT8_MAX / xf.abs().amax(dim=-1, keepdim=True).clamp(min=1e-5)
+    return (xf * s).round().clamp(-INT8_MAX - 1, INT8_MAX).to(torch.int8), s
+
+
+def fake_quantize_activations_int8(x: torch.Tensor) -> torch.Tensor:
+    """``x_q / s`` in ``x.dtype``: what a kernel without an int8 path multiplies by instead of ``x``."""
+    x_q, s = quantize_activations_int8(x)
+    return (x_q.float() / s).to(x.dtype)
+
+
+def linear_a8(
+    x: torch.Tensor,  # (..., K) bf16/fp16/fp32
+    packed: torch.Tensor,  # (N, K_pad // 4) uint8
+    scale: torch.Tensor,  # (N, G)
+    group_size: int,
+    bias: torch.Tensor | None = None,  # (N,)
+) -> torch.Tensor:  # (..., N) x.dtype
+    """W1.58A8: ``(x_q @ dequantize(W).T) / s + bias`` in float32, rounded once to ``x.dtype``."""
+    x_q, s = quantize_activations_int8(x)
+    w = dequantize(packed, scale, group_size, x.shape[-1], torch.float32)
+    y = torch.nn.functional.linear(x_q.float(), w) / s
+    if bias is not None:
+        y = y + bias.float()
+    return y.to(x.dtype)

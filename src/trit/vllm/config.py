@@ -138,6 +138,7 @@ class TritLinearMethod(LinearMethodBase):
         layer.register_parameter(fmt.PACKED_SUFFIX, packed)
         layer.register_parameter(fmt.SCALE_SUFFIX, scale)
         layer.trit_group_size = group
+        layer.trit_act_int8 = self.trit.activation is fmt.ActivationQuant.INT8_PER_TOKEN
 
     def process_weights_after_loading(self, layer: torch.nn.Module) -> None:
         """Check the loaded values (codes, scales) on the device, then keep plain tensors."""
@@ -147,7 +148,9 @@ class TritLinearMethod(LinearMethodBase):
         layer.weight_scale = torch.nn.Parameter(scale, requires_grad=False)
 
     def apply(self, layer: torch.nn.Module, x: torch.Tensor, bias: torch.Tensor | None = None) -> torch.Tensor:
-        return torch.ops.trit.linear(x, layer.weight_packed, layer.weight_scale, layer.trit_group_size, bias)
+        return torch.ops.trit.linear(
+            x, layer.weight_packed, layer.weight_scale, layer.trit_group_size, bias, layer.trit_act_int8
+        )
 
 
 def shard_k_pad(prefix: str, k: int, k_part: int, group: int) -> int:
