@@ -1,7 +1,9 @@
 """The model families trit converts and runs, and which of their layers are ternary.
 
-The Llama family (Llama, Mistral, Qwen2, Qwen3, SmolLM) shares one decoder
-layout: ``model.layers.{i}.self_attn.{q,k,v,o}_proj`` and
+The Llama family (Llama, Mistral, Qwen2, Qwen3, SmolLM) and BitNet b1.58
+(Llama's layout plus a norm before ``o_proj`` and ``down_proj`` and a
+squared-ReLU MLP) share one set of linear layer names:
+``model.layers.{i}.self_attn.{q,k,v,o}_proj`` and
 ``model.layers.{i}.mlp.{gate,up,down}_proj``. Those seven linear layers per
 decoder layer are what trit makes ternary; embeddings, norms and ``lm_head``
 stay in high precision.
@@ -14,7 +16,7 @@ from typing import Any
 
 from trit.checkpoint import CheckpointError
 
-SUPPORTED_MODEL_TYPES = ("llama", "mistral", "qwen2", "qwen3")
+SUPPORTED_MODEL_TYPES = ("llama", "mistral", "qwen2", "qwen3", "bitnet")
 
 _DECODER_LINEAR = re.compile(r"^model\.layers\.\d+\.(self_attn\.[qkvo]_proj|mlp\.(gate|up|down)_proj)$")
 _LAYER_INDEX = re.compile(r"^model\.layers\.(\d+)\.")

@@ -1,6 +1,6 @@
 """The ``trit`` command line: a thin argument parser over typed functions.
 
-``trit quantize | generate | eval | audit | demo | bench``, also ``python -m trit``.
+``trit quantize | import | generate | eval | audit | demo | bench``, also ``python -m trit``.
 Errors about the user's input (a bad checkpoint, a bad path, a bad flag) print
 one line ``trit: error: ...`` and exit with status 2; Ctrl-C exits with 130.
 """
@@ -25,6 +25,14 @@ def quantize(model_dir: Path, out_dir: Path, opts: ConvertOptions, quiet: bool =
     from trit.convert import convert
 
     report = convert(model_dir, out_dir, opts, progress=not quiet)
+    print(report.summary())
+    return 0
+
+
+def import_checkpoint(model_dir: Path, out_dir: Path, overwrite: bool, quiet: bool = False) -> int:
+    from trit.bitnet import import_bitnet
+
+    report = import_bitnet(model_dir, out_dir, overwrite=overwrite, progress=not quiet)
     print(report.summary())
     return 0
 
@@ -91,6 +99,12 @@ def _parser() -> argparse.ArgumentParser:
     q.add_argument("--overwrite", action="store_true", help="replace a non-empty OUT_DIR")
     q.add_argument("--quiet", action="store_true", help="no progress bar")
 
+    i = sub.add_parser("import", help="import a natively ternary checkpoint (transformers' BitNet format)")
+    i.add_argument("model_dir", type=Path)
+    i.add_argument("out_dir", type=Path)
+    i.add_argument("--overwrite", action="store_true", help="replace a non-empty OUT_DIR")
+    i.add_argument("--quiet", action="store_true", help="no progress bar")
+
     def runtime_flags(a: argparse.ArgumentParser) -> None:
         a.add_argument("--device", default=None, help="cpu or cuda (default: cuda if present)")
         a.add_argument("--dtype", choices=["bf16", "fp16", "fp32"], default=None,
@@ -126,7 +140,7 @@ def _parser() -> argparse.ArgumentParser:
     runtime_flags(d)
 
     b = sub.add_parser("bench", help="GPU benchmarks (JSON and a plot)")
-    b.add_argument("what", choices=["kernels"])
+    b.add_argument("what", choices=["kernels", "a8"], help="kernels: trit::linear vs bf16; a8: int8-activation prefill")
     b.add_argument("--out", type=Path, default=Path("benchmarks/results"))
     b.add_argument("--quick", action="store_true", help="M in {1, 4} only")
     b.add_argument("--no-tune", action="store_true", help="time the configs as they are, without tuning first")
@@ -143,6 +157,8 @@ def _dispatch(args: argparse.Namespace) -> int:
             overwrite=args.overwrite, device=args.device,
         )
         return quantize(args.model_dir, args.out_dir, opts, args.quiet)
+    if args.command == "import":
+        return import_checkpoint(args.model_dir, args.out_dir, args.overwrite, args.quiet)
     if args.command == "generate":
         from trit.runtime import SamplingOptions
 
@@ -160,6 +176,10 @@ def _dispatch(args: argparse.Namespace) -> int:
         from trit.demo import demo
 
         return demo(args.ppl, args.max_new_tokens, args.device, _dtype(args.dtype))
+    if args.command == "bench" and args.what == "a8":
+        from trit.bench.a8 import main as bench_a8
+
+        return bench_a8(args.out)
     if args.command == "bench":
         from trit.bench.kernels import main as bench_kernels
 

@@ -97,7 +97,7 @@ class ConvertReport:
         return "\n".join(lines)
 
 
-def _check_paths(src: Path, out: Path, overwrite: bool) -> None:
+def check_paths(src: Path, out: Path, overwrite: bool) -> None:
     src_r, out_r = src.resolve(), out.resolve()
     if src_r == out_r:
         raise ConvertError(f"OUT_DIR {out} is MODEL_DIR: write the ternary checkpoint to another folder")
@@ -162,41 +162,32 @@ def _quantize_layer(
     return {f"{module}.{fmt.PACKED_SUFFIX}": packed, f"{module}.{fmt.SCALE_SUFFIX}": scale}
 
 
-def _write_config(ckpt: Checkpoint, tmp: Path, opts: ConvertOptions, plan: dict[str, LayerReport]) -> None:
+def _trit_config(opts: ConvertOptions, plan: dict[str, LayerReport]) -> fmt.TritConfig:
     kept = sorted(m for m, r in plan.items() if r.action == "kept")
-    qcfg = fmt.TritConfig(
+    return fmt.TritConfig(
         group_size=opts.group_size,
         scale_dtype=opts.scale_dtype,
         method=Method(opts.method).value,
         pad_policy=opts.pad_policy,
         modules_not_converted=ALWAYS_KEPT + tuple(kept),
     )
-    config = dict(ckpt.config, quantization_config=qcfg.to_dict())
-    (tmp / CONFIG_FILE).write_text(json.dumps(config, indent=2) + "\n")
-    for name in COPIED_FILES:
-        if (ckpt.path / name).is_file():
-            shutil.copy2(ckpt.path / name, tmp / name)
 
 
-def _write_shards(
-    ckpt: Checkpoint, tmp: Path, opts: ConvertOptions, plan: dict[str, LayerReport], report: ConvertReport,
-    progress: bool,
-) -> None:
+TensorFn = Callable[[str, torch.Tensor], dict[str, torch.Tensor]]
+
+
+def _write_shards(ckpt: Checkpoint, tmp: Path, transform: TensorFn, progress: bool, desc: str) -> None:
+    """One output shard per input shard; ``transform`` maps each input tensor to its output tensors."""
     n_shards = len(ckpt.shards)
     weight_map: dict[str, str] = {}
-    with tqdm(total=len(ckpt.tensors), desc="quantize", unit="tensor", disable=not progress) as bar:
+    with tqdm(total=len(ckpt.tensors), desc=desc, unit="tensor", disable=not progress) as bar:
         for i, shard in enumerate(ckpt.shards):
             out_name = SINGLE_FILE if n_shards == 1 else f"model-{i + 1:05d}-of-{n_shards:05d}.safetensors"
             out: dict[str, torch.Tensor] = {}
             for name, tensor in ckpt.iter_shard(shard):
                 _check_finite(name, tensor, shard)
-                module, leaf = name.rsplit(".", 1)
-                layer = plan.get(module)
-                if leaf == "weight" and layer is not None and layer.action != "kept":
-                    bar.set_postfix_str(module, refresh=False)
-                    out.update(_quantize_layer(module, tensor, opts, report))
-                else:
-                    out[name] = tensor.contiguous()
+                bar.set_postfix_str(name.rsplit(".", 1)[0], refresh=False)
+                out.update(transform(name, tensor))
                 bar.update(1)
             save_file(out, str(tmp / out_name), metadata={"format": "pt"})
             weight_map.update(dict.fromkeys(out, out_name))
@@ -204,6 +195,31 @@ def _write_shards(
     if n_shards > 1:
         index = {"metadata": {}, "weight_map": dict(sorted(weight_map.items()))}
         (tmp / INDEX_FILE).write_text(json.dumps(index, indent=2) + "\n")
+
+
+def write_checkpoint(
+    ckpt: Checkpoint, out: Path, transform: TensorFn, config: dict, progress: bool = True, desc: str = "quantize"
+) -> None:
+    """Write ``ckpt`` transformed tensor by tensor, with ``config`` and the tokenizer files, to ``out``.
+
+    Everything goes into a temporary folder beside ``out``, renamed into place
+    at the end; on any error (or Ctrl-C) the temporary folder is removed and
+    ``out`` is as it was.
+    """
+    out.parent.mkdir(parents=True, exist_ok=True)
+    tmp = out.parent / f".{out.name}.partial-{os.getpid()}"
+    shutil.rmtree(tmp, ignore_errors=True)
+    tmp.mkdir()
+    try:
+        _write_shards(ckpt, tmp, transform, progress, desc)
+        (tmp / CONFIG_FILE).write_text(json.dumps(config, indent=2) + "\n")
+        for name in COPIED_FILES:
+            if (ckpt.path / name).is_file():
+                shutil.copy2(ckpt.path / name, tmp / name)
+        _replace(tmp, out)
+    except BaseException:
+        shutil.rmtree(tmp, ignore_errors=True)
+        raise
 
 
 def convert(
@@ -217,27 +233,27 @@ def convert(
     opts = options or ConvertOptions()
     fmt.check_group_size(opts.group_size, "--group-size")
     src, out = Path(model_dir), Path(out_dir)
-    _check_paths(src, out, opts.overwrite)
+    check_paths(src, out, opts.overwrite)
     ckpt = open_checkpoint(src)
     check_architecture(ckpt.config, str(src / CONFIG_FILE))
     if ckpt.quantization_config is not None:
         method = ckpt.quantization_config.get("quant_method", "unknown")
-        raise CheckpointError(src / CONFIG_FILE, f"already quantized (quant_method {method!r}); give a float checkpoint")
+        hint = "; import it with `trit import`" if method == "bitnet" else "; give a float checkpoint"
+        raise CheckpointError(src / CONFIG_FILE, f"already quantized (quant_method {method!r}){hint}")
     plan = _plan(ckpt, opts)
     report = ConvertReport(out)
     start = time.perf_counter()
-    out.parent.mkdir(parents=True, exist_ok=True)
-    tmp = out.parent / f".{out.name}.partial-{os.getpid()}"
-    shutil.rmtree(tmp, ignore_errors=True)
-    tmp.mkdir()
-    try:
-        log(f"quantizing {src} -> {out}: {Method(opts.method).value}, group {opts.group_size}")
-        _write_shards(ckpt, tmp, opts, plan, report, progress)
-        _write_config(ckpt, tmp, opts, plan)
-        _replace(tmp, out)
-    except BaseException:
-        shutil.rmtree(tmp, ignore_errors=True)
-        raise
+
+    def transform(name: str, tensor: torch.Tensor) -> dict[str, torch.Tensor]:
+        module, leaf = name.rsplit(".", 1)
+        layer = plan.get(module)
+        if leaf == "weight" and layer is not None and layer.action != "kept":
+            return _quantize_layer(module, tensor, opts, report)
+        return {name: tensor.contiguous()}
+
+    log(f"quantizing {src} -> {out}: {Method(opts.method).value}, group {opts.group_size}")
+    config = dict(ckpt.config, quantization_config=_trit_config(opts, plan).to_dict())
+    write_checkpoint(ckpt, out, transform, config, progress)
     report.layers = sorted(plan.values(), key=lambda r: r.name)
     report.seconds = time.perf_counter() - start
     return report

