@@ -4,11 +4,16 @@ Run on the GPU machine from the repository root, with vLLM importable::
 
     PYTHONPATH=src python benchmarks/vllm_gpu_check.py --mode graphs --out graphs.json
     PYTHONPATH=src python benchmarks/vllm_gpu_check.py --mode fp8 --out fp8.json
+    PYTHONPATH=src python benchmarks/vllm_gpu_check.py --mode bitnet --out bitnet.json
 
 It makes a random Llama checkpoint, converts it with ``trit quantize``
 (absmean, group 64), generates greedily with the embedded runtime and with
 ``vllm.LLM`` (``graphs``: CUDA graphs on; ``fp8``: ``kv_cache_dtype="fp8"``),
-and compares the tokens. One engine a process. It prints and writes a JSON summary. vLLM finds the
+and compares the tokens. ``bitnet`` instead makes a random BitNet b1.58
+checkpoint in transformers' format, imports it with ``trit import`` (int8
+activations) and runs the plugin's ``BitNetForCausalLM`` with CUDA graphs; one
+prompt is long enough (>= 64 tokens) for the int8 tensor-core prefill kernel.
+One engine a process. It prints and writes a JSON summary. vLLM finds the
 plugin through its entry point when trit is installed; from a source tree the
 script registers it itself.
 """
@@ -22,6 +27,7 @@ import time
 from pathlib import Path
 
 PROMPTS = ("The quick brown fox", "def main():", "Once upon a time,")
+LONG_PROMPT = "In the beginning the ternary weights were packed four to a byte, and " * 3
 
 
 def first_divergence(a: list[int], b: list[int]) -> int:
@@ -35,34 +41,44 @@ def main() -> int:
     ap = argparse.ArgumentParser()
     ap.add_argument("--out", type=Path, default=Path("vllm_gpu_check.json"))
     ap.add_argument("--new-tokens", type=int, default=24)
-    ap.add_argument("--mode", choices=["graphs", "fp8"], default="graphs")
+    ap.add_argument("--mode", choices=["graphs", "fp8", "bitnet"], default="graphs")
     args = ap.parse_args()
 
     import torch
 
     from trit import runtime
     from trit.convert import ConvertOptions, convert
-    from trit.synthetic import make_checkpoint
+    from trit.synthetic import make_bitnet_checkpoint, make_checkpoint
     from trit.vllm import register
 
     register()
     from vllm import LLM, SamplingParams
 
     work = Path(tempfile.mkdtemp())
-    src = make_checkpoint(work / "float", hidden=1024, intermediate=2816, layers=4, heads=16, kv_heads=4, std=0.05)
+    shape = {"hidden": 1024, "intermediate": 2816, "layers": 4, "heads": 16, "kv_heads": 4, "std": 0.05}
     ckpt = work / "trit"
-    convert(src, ckpt, ConvertOptions(group_size=64), progress=False)
-    result: dict = {"checkpoint": "random Llama, hidden 1024, 4 layers, absmean group 64", "torch": torch.__version__}
+    prompts_text = PROMPTS
+    if args.mode == "bitnet":
+        from trit.bitnet import import_bitnet
+
+        import_bitnet(make_bitnet_checkpoint(work / "bitnet", **shape), ckpt, progress=False)
+        what = "random BitNet b1.58 (bitlinear, offline), hidden 1024, 4 layers, imported: int8 activations"
+        prompts_text = (*PROMPTS, LONG_PROMPT)
+    else:
+        convert(make_checkpoint(work / "float", **shape), ckpt, ConvertOptions(group_size=64), progress=False)
+        what = "random Llama, hidden 1024, 4 layers, absmean group 64"
+    result: dict = {"checkpoint": what, "torch": torch.__version__}
 
     loaded = runtime.load(ckpt, device="cuda", dtype=torch.bfloat16)
-    prompt_ids = [loaded.tokenizer(p).input_ids for p in PROMPTS]
+    prompt_ids = [loaded.tokenizer(p).input_ids for p in prompts_text]
     ref = [runtime.greedy_ids(loaded, torch.tensor([ids]), args.new_tokens)[0].tolist() for ids in prompt_ids]
     del loaded
     torch.cuda.empty_cache()
 
     greedy = SamplingParams(max_tokens=args.new_tokens, temperature=0.0, ignore_eos=True)
     prompts = [{"prompt_token_ids": ids} for ids in prompt_ids]
-    modes = {"graphs": {"enforce_eager": False}, "fp8": {"enforce_eager": True, "kv_cache_dtype": "fp8"}}
+    modes = {"graphs": {"enforce_eager": False}, "fp8": {"enforce_eager": True, "kv_cache_dtype": "fp8"},
+             "bitnet": {"enforce_eager": False}}
     for name, kwargs in ((args.mode, modes[args.mode]),):
         start = time.time()
         llm = LLM(model=str(ckpt), dtype="bfloat16", gpu_memory_utilization=0.3, max_model_len=512,

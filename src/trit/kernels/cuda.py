@@ -12,10 +12,12 @@ from __future__ import annotations
 import torch
 
 from trit.format import padded_k
-from trit.kernels import dequant, gemm, gemv, tuning
+from trit.kernels import dequant, gemm, gemm_a8, gemv, tuning
 
 # from this many rows up, dequantize + cuBLAS beats decoding in registers (benchmarks/results)
 DEQUANT_MIN_M = 1024
+# from this many rows up, int8 activations go through int8 tensor cores; below, the bf16 kernels take x_q / s
+A8_MIN_M = 64
 # without a tuned choice, the GEMV takes M = 1 only (benchmarks/results: the GEMM wins from M = 2 or so)
 GEMV_MAX_M_UNTUNED = 1
 
@@ -57,6 +59,16 @@ def refuse_dequant(p) -> str | None:
     return common_refusal(p)
 
 
+def refuse_gemm_a8(p) -> str | None:
+    if not p.act_int8:
+        return "the activations are not int8-quantized (a W1.58A8 kernel)"
+    if p.m < A8_MIN_M:
+        return f"M = {p.m} < {A8_MIN_M}: decode-sized problems run the bf16 kernels on x_q / s"
+    if p.group_size != -1 and p.group_size % 32:
+        return f"group size {p.group_size} is not a multiple of 32 (the int8 dot's K step)"
+    return common_refusal(p)
+
+
 def _flat(x: torch.Tensor) -> torch.Tensor:  # (..., K) -> (M, K) with unit stride along K
     x2 = x.reshape(-1, x.shape[-1])
     return x2 if x2.stride(-1) == 1 else x2.contiguous()
@@ -84,6 +96,11 @@ def run_gemv(x, packed, scale, group_size, bias=None):
 
 def run_gemm(x, packed, scale, group_size, bias=None):
     return _run_tuned("gemm", gemm.gemm, gemm.GemmConfig, gemm.configs_for, x, packed, scale, group_size, bias)
+
+
+def run_gemm_a8(x, packed, scale, group_size, bias=None):
+    return _run_tuned("gemm_a8", gemm_a8.gemm_a8, gemm_a8.GemmA8Config, gemm_a8.configs_for,
+                      x, packed, scale, group_size, bias)
 
 
 def run_dequant(x, packed, scale, group_size, bias=None):
