@@ -122,3 +122,21 @@ def linear(
 @linear.register_fake
 def _(x, packed, scale, group_size, bias=None, act_int8=False):
     return x.new_empty((*x.shape[:-1], packed.shape[0]))
+
+
+def _setup_context(ctx, inputs, output) -> None:
+    x, packed, scale, group_size, bias, *_ = inputs
+    ctx.save_for_backward(packed, scale)
+    ctx.group_size, ctx.in_features, ctx.has_bias = group_size, x.shape[-1], bias is not None
+
+
+def _backward(ctx, grad):  # (..., N) -> grads of (x, packed, scale, group_size, bias, act_int8)
+    """Gradients for the activations and the bias (the codes are not trainable); int8 rounding passes straight through."""
+    packed, scale = ctx.saved_tensors
+    w = reference.dequantize(packed, scale, ctx.group_size, ctx.in_features, grad.dtype)  # (N, K)
+    grad_x = grad @ w
+    grad_bias = grad.reshape(-1, grad.shape[-1]).sum(0) if ctx.has_bias else None
+    return grad_x, None, None, None, grad_bias, None
+
+
+linear.register_autograd(_backward, setup_context=_setup_context)

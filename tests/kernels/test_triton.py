@@ -191,3 +191,17 @@ def test_op_with_int8_activations(m: int) -> None:
     check(y.cpu(), reference.linear_a8(x.cpu(), packed.cpu(), scale.cpu(), group), torch.bfloat16)
     name = ops.choose_kernel(ops.Problem.of(x, packed, group, True)).kernel.name
     assert name == ("triton_gemm_a8" if m >= 64 else "triton_gemv" if m == 1 else "triton_gemm")
+
+
+@pytest.mark.parametrize(("n", "k"), [(40, 576), (64, 96)] + ([(1536, 8960)] if CUDA else []))
+@pytest.mark.parametrize("m", [300] if CUDA else [5])
+@pytest.mark.parametrize("dtype", DTYPES)
+def test_dense_a8(n: int, k: int, m: int, dtype: torch.dtype) -> None:
+    from trit.kernels import gemm_a8
+
+    packed, scale = layer(n, k, -1, seed=n + k)
+    x, b = inputs(m, k, n, dtype, bias=True, seed=m)
+    want = reference.linear_a8(x.cpu(), packed.cpu(), scale.cpu(), -1, b.cpu())
+    configs = [None, *gemm_a8.dense_configs()[1:2]] if CUDA else [gemm_a8.GemmA8Config(16, 32, 32, 1, 4, 1)]
+    for cfg in configs:
+        check(gemm_a8.dense_a8(x, packed.view(torch.int32), scale, -1, b, cfg).cpu(), want, dtype)

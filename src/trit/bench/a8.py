@@ -2,8 +2,9 @@
 
 For BitNet b1.58 2B4T and Llama-3-8B layer shapes (one scale per row, as an
 imported BitNet checkpoint has) and prefill sizes M, it times in the same run:
-``trit::linear`` with int8 activations as it dispatches (the int8 kernel from
-M = 64, quantization of the activations included), the same problem through
+``trit::linear`` with int8 activations as it dispatches (the int8 kernels from
+M = 64, decoding in the GEMM below M = 256 and through a dense int8 copy of the
+codes from there; quantization of the activations and the copy included), the same problem through
 trit's bf16 kernels on ``x_q / s`` (what runs without the int8 kernel), and
 bf16 ``F.linear`` (cuBLAS) on a dense weight. Device time from CUDA graph
 replays; weights rotate over copies several times the L2, as in
@@ -39,18 +40,21 @@ def _layer(n: int, k: int) -> tuple[torch.Tensor, torch.Tensor]:
 
 def bench_problem(n: int, k: int, m: int, l2: int) -> dict:
     from trit import ops
-    from trit.kernels import gemm_a8, reference, tuning
+    from trit.kernels import cuda, gemm_a8, reference, tuning
 
     x = torch.randn(m, k, device="cuda", dtype=torch.bfloat16)
     layers = [_layer(n, k) for _ in range(copies_for(n * k // 4, l2))]
     key = tuning.key(m, n, k, GROUP, torch.bfloat16)
 
-    def make_calls(cfg):
-        return [lambda p=p, s=s: gemm_a8.gemm_a8(x, p.view(torch.int32), s, GROUP, None, cfg) for p, s in layers]
+    dense = m >= cuda.A8_DENSE_MIN_M
+    launch = gemm_a8.dense_a8 if dense else gemm_a8.gemm_a8
 
-    best, best_us = tuning.tune(make_calls, gemm_a8.configs_for(m, GROUP))
-    tuning.remember("gemm_a8", key, best, persist=False)
-    out: dict = {"tuned": {"config": asdict(best), "us": best_us}}
+    def make_calls(cfg):
+        return [lambda p=p, s=s: launch(x, p.view(torch.int32), s, GROUP, None, cfg) for p, s in layers]
+
+    best, best_us = tuning.tune(make_calls, gemm_a8.dense_configs() if dense else gemm_a8.configs_for(m, GROUP))
+    tuning.remember("dense_a8" if dense else "gemm_a8", key, best, persist=False)
+    out: dict = {"tuned": {"kernel": "dense_a8" if dense else "gemm_a8", "config": asdict(best), "us": best_us}}
     out["kernel"] = ops.choose_kernel(ops.Problem(m, n, k, GROUP, "cuda", torch.bfloat16, True)).kernel.name
     out["a8_us"] = tuning.graph_time_us(
         [lambda p=p, s=s: torch.ops.trit.linear(x, p, s, GROUP, None, True) for p, s in layers])

@@ -98,7 +98,14 @@ def run_gemm(x, packed, scale, group_size, bias=None):
     return _run_tuned("gemm", gemm.gemm, gemm.GemmConfig, gemm.configs_for, x, packed, scale, group_size, bias)
 
 
+# from this many rows up, with one scale per row, the int8 GEMM reads a dense int8 copy of the codes
+A8_DENSE_MIN_M = 256
+
+
 def run_gemm_a8(x, packed, scale, group_size, bias=None):
+    if group_size == -1 and x.numel() // x.shape[-1] >= A8_DENSE_MIN_M:
+        return _run_tuned("dense_a8", gemm_a8.dense_a8, gemm_a8.GemmA8Config, lambda m, g: gemm_a8.dense_configs(),
+                          x, packed, scale, group_size, bias)
     return _run_tuned("gemm_a8", gemm_a8.gemm_a8, gemm_a8.GemmA8Config, gemm_a8.configs_for,
                       x, packed, scale, group_size, bias)
 

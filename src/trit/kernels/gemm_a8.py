@@ -10,6 +10,13 @@ once at the end): ``y = acc * w_scale[n] / s[m] + bias``. On Hopper int8
 tensor cores run at twice the bf16 rate, and the activations are half the
 bytes. The decode kernels (M <= 4) keep their bf16 path on ``x_q / s``.
 
+Decoding in the GEMM's inner loop costs a few integer ops per weight per
+row-block of M, which outweighs the int8 MMA once M is large. For long
+prefills with one scale per row (every imported BitNet model), ``dense_a8``
+instead writes the codes once as a dense int8 ``(N, K_pad)`` matrix (``N *
+K_pad`` bytes, small beside ``2 * M * N * K`` ops) and runs a plain int8 x int8
+GEMM (``_mm_a8``) with the scales in its epilogue.
+
 Configs first, then the kernels, then the launchers.
 """
 
@@ -122,6 +129,101 @@ def _gemm_a8_kernel(
         acc += tl.load(b_ptr + offs_n, mask=n_ok, other=0.0).to(tl.float32)[None, :]
     tl.store(y_ptr + offs_m[:, None] * N + offs_n[None, :], acc.to(y_ptr.dtype.element_ty),
              mask=m_ok[:, None] & n_ok[None, :])
+
+
+@triton.jit
+def _codes_int8_kernel(
+    w_ptr,  # (N, KW) int32 words
+    out_ptr,  # (N, KW * 16) int8 in {-1, 0, 1}
+    N, KW,
+    BLOCK_N: tl.constexpr,
+    BLOCK_KW: tl.constexpr,
+):
+    rows = tl.program_id(0) * BLOCK_N + tl.arange(0, BLOCK_N)
+    offs_w = tl.program_id(1) * BLOCK_KW + tl.arange(0, BLOCK_KW)
+    mask = (rows < N)[:, None] & (offs_w < KW)[None, :]
+    words = tl.load(w_ptr + rows[:, None] * KW + offs_w[None, :], mask=mask, other=0x55555555)
+    codes = (words[:, :, None] >> (2 * tl.arange(0, 16))[None, None, :]) & 3  # [BN, BKW, 16]
+    offs_k = offs_w[:, None] * 16 + tl.arange(0, 16)[None, :]
+    tl.store(out_ptr + rows[:, None, None] * (KW * 16) + offs_k[None, :, :], (codes - 1).to(tl.int8),
+             mask=mask[:, :, None])
+
+
+@triton.jit
+def _mm_a8_kernel(
+    q_ptr,  # (M, K) int8 activations
+    sx_ptr,  # (M,) f32 activation scales
+    w_ptr,  # (N, KP) int8 weights in {-1, 0, 1}
+    s_ptr,  # (N, 1) weight scales
+    b_ptr,  # (N,) bias or a dummy
+    y_ptr,  # (M, N) output dtype
+    M, N, K, KP,
+    HAS_BIAS: tl.constexpr,
+    BLOCK_M: tl.constexpr,
+    BLOCK_N: tl.constexpr,
+    BLOCK_K: tl.constexpr,
+    GROUP_M: tl.constexpr,
+):
+    pid = tl.program_id(0)
+    grid_m = tl.cdiv(M, BLOCK_M)
+    grid_n = tl.cdiv(N, BLOCK_N)
+    width = GROUP_M * grid_n
+    first_m = (pid // width) * GROUP_M
+    size_m = tl.minimum(grid_m - first_m, GROUP_M)
+    pid_m = first_m + (pid % width) % size_m
+    pid_n = (pid % width) // size_m
+    offs_m = pid_m * BLOCK_M + tl.arange(0, BLOCK_M)
+    offs_n = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)
+    m_ok = offs_m < M
+    n_ok = offs_n < N
+    acc = tl.zeros((BLOCK_M, BLOCK_N), tl.int32)
+    for k0 in range(0, K, BLOCK_K):
+        offs_k = k0 + tl.arange(0, BLOCK_K)
+        k_ok = offs_k < K
+        x = tl.load(q_ptr + offs_m[:, None] * K + offs_k[None, :], mask=m_ok[:, None] & k_ok[None, :], other=0)
+        w = tl.load(w_ptr + offs_n[:, None] * KP + offs_k[None, :], mask=n_ok[:, None] & k_ok[None, :], other=0)
+        acc = tl.dot(x, tl.trans(w), acc, out_dtype=tl.int32)
+    out = acc.to(tl.float32) * tl.load(s_ptr + offs_n, mask=n_ok, other=0.0).to(tl.float32)[None, :]
+    out = out / tl.load(sx_ptr + offs_m, mask=m_ok, other=1.0)[:, None]
+    if HAS_BIAS:
+        out += tl.load(b_ptr + offs_n, mask=n_ok, other=0.0).to(tl.float32)[None, :]
+    tl.store(y_ptr + offs_m[:, None] * N + offs_n[None, :], out.to(y_ptr.dtype.element_ty),
+             mask=m_ok[:, None] & n_ok[None, :])
+
+
+def codes_int8(words: torch.Tensor) -> torch.Tensor:
+    """(N, KW) int32 words -> (N, KW * 16) int8 values in {-1, 0, 1}."""
+    n, kw = words.shape
+    out = torch.empty((n, kw * 16), device=words.device, dtype=torch.int8)
+    _codes_int8_kernel[(triton.cdiv(n, 32), triton.cdiv(kw, 8))](words, out, n, kw, BLOCK_N=32, BLOCK_KW=8)
+    return out
+
+
+def dense_a8(
+    x: torch.Tensor,  # (M, K) bf16/fp16/fp32, unit stride along K
+    words: torch.Tensor,  # (N, K_pad // 16) int32
+    scale: torch.Tensor,  # (N, 1): one scale per row
+    group_size: int,
+    bias: torch.Tensor | None = None,
+    config: GemmA8Config | None = None,
+) -> torch.Tensor:  # (M, N) x.dtype
+    m, k = x.shape
+    n, kw = words.shape
+    assert group_size == -1 and x.stride(1) == 1 and words.is_contiguous(), "one scale per row only"
+    cfg = config or GemmA8Config(128, 256, 128, 8, 8, 3)
+    q, s = quantize_rows(x)
+    w = codes_int8(words)
+    y = torch.empty((m, n), device=x.device, dtype=x.dtype)
+    grid = (triton.cdiv(m, cfg.block_m) * triton.cdiv(n, cfg.block_n),)
+    _mm_a8_kernel[grid](q, s, w, scale, bias if bias is not None else scale, y, m, n, k, kw * 16,
+                        HAS_BIAS=bias is not None, **cfg.as_kwargs())
+    return y
+
+
+def dense_configs() -> tuple[GemmA8Config, ...]:
+    return (GemmA8Config(128, 256, 128, 8, 8, 3), GemmA8Config(128, 128, 128, 8, 8, 4),
+            GemmA8Config(256, 128, 128, 8, 8, 3), GemmA8Config(128, 256, 64, 8, 8, 4),
+            GemmA8Config(128, 128, 128, 8, 4, 4))
 
 
 def quantize_rows(x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:

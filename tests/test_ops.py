@@ -1,0 +1,56 @@
+"""``trit::linear`` on the CPU: int8 activations, gradients, the fake implementation."""
+
+from __future__ import annotations
+
+import torch
+
+from trit import format as fmt
+from trit import ops  # noqa: F401  (registers the op)
+from trit.kernels import reference
+
+
+def _layer(n: int, k: int, group: int, seed: int = 0):
+    g = torch.Generator().manual_seed(seed)
+    values = torch.randint(-1, 2, (n, fmt.padded_k(k, group)), generator=g, dtype=torch.int8)
+    values[:, k:] = 0
+    groups = 1 if group == -1 else fmt.padded_k(k, group) // group
+    return fmt.pack(values), (torch.rand(n, groups, generator=g) * 0.02 + 0.005).half()
+
+
+def test_int8_activations_quantize_per_token() -> None:
+    x = torch.randn(4, 100) * torch.tensor([[1.0], [10.0], [0.0], [1e-3]])
+    q, s = reference.quantize_activations_int8(x)
+    assert q.dtype == torch.int8 and s.shape == (4, 1)
+    assert q[[0, 1, 3]].abs().amax(-1).tolist() == [127, 127, 127]  # each row's largest value maps to 127
+    assert (q[2] == 0).all() and s[2, 0] == 127 / 1e-5  # a zero row: the floor, all codes zero
+    assert ((q.float() / s - x).abs() <= 0.5 / s + 1e-7).all()  # within half a step of its row's grid
+
+
+def test_op_with_int8_activations_equals_reference() -> None:
+    packed, scale = _layer(40, 576, 64)
+    x, b = torch.randn(3, 576), torch.randn(40)
+    y = torch.ops.trit.linear(x, packed, scale, 64, b, True)  # the CPU kernel, on x_q / s
+    want = reference.linear_a8(x, packed, scale, 64, b)
+    torch.testing.assert_close(y, want, rtol=1e-5, atol=1e-5)
+    plain = torch.ops.trit.linear(x, packed, scale, 64, b)
+    assert (plain - want).abs().max() > 1e-4  # the flag changes the arithmetic: it is not ignored
+
+
+def test_gradients_flow_to_activations_and_bias() -> None:
+    packed, scale = _layer(40, 96, 32)
+    x = torch.randn(5, 96, requires_grad=True)
+    b = torch.randn(40, requires_grad=True)
+    torch.ops.trit.linear(x, packed, scale, 32, b).square().sum().backward()
+    w = reference.dequantize(packed, scale, 32, 96)
+    x2, b2 = x.detach().clone().requires_grad_(), b.detach().clone().requires_grad_()
+    torch.nn.functional.linear(x2, w, b2).square().sum().backward()
+    torch.testing.assert_close(x.grad, x2.grad, rtol=1e-4, atol=1e-4)
+    torch.testing.assert_close(b.grad, b2.grad, rtol=1e-4, atol=1e-4)
+
+
+def test_fake_implementation_gives_shape_and_dtype() -> None:
+    packed, scale = _layer(40, 96, 32)
+    with torch.device("meta"):
+        y = torch.ops.trit.linear(torch.empty(2, 7, 96, dtype=torch.bfloat16), packed.to("meta"),
+                                  scale.to("meta"), 32, None, True)
+    assert y.shape == (2, 7, 40) and y.dtype == torch.bfloat16
