@@ -54,3 +54,24 @@ def test_fake_implementation_gives_shape_and_dtype() -> None:
         y = torch.ops.trit.linear(torch.empty(2, 7, 96, dtype=torch.bfloat16), packed.to("meta"),
                                   scale.to("meta"), 32, None, True)
     assert y.shape == (2, 7, 40) and y.dtype == torch.bfloat16
+
+
+def test_torch_compile_fullgraph_on_cpu() -> None:
+    """No graph break through the op (and its autograd) when traced; the GPU test runs Inductor on Triton."""
+    from trit.nn import TritLinear
+
+    layers = []
+    for n, k in [(64, 96), (96, 64)]:
+        lin = TritLinear(k, n, bias=True, group_size=32, dtype=torch.float32)
+        packed, scale = _layer(n, k, 32, seed=n)
+        lin.weight_packed.copy_(packed)
+        lin.weight_scale.copy_(scale)
+        lin.bias.data.normal_()
+        layers.append(lin)
+    model = torch.nn.Sequential(layers[0], torch.nn.SiLU(), layers[1])
+    x = torch.randn(3, 96)
+    eager = model(x)
+    compiled = torch.compile(model, fullgraph=True, backend="aot_eager")  # raises on any graph break
+    torch.testing.assert_close(compiled(x), eager)
+    compiled(x).sum().backward()
+    assert layers[0].bias.grad is not None

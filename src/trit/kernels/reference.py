@@ -21,11 +21,20 @@ import torch
 from trit.format import CODES_PER_BYTE, unpack_codes
 
 
-@functools.cache
-def _byte_table(device: torch.device, dtype: torch.dtype) -> torch.Tensor:
+def _make_byte_table(device: torch.device, dtype: torch.dtype) -> torch.Tensor:
     """(256, 4) dtype: the four ternary values (c - 1) each byte value holds, in k order."""
-    codes = unpack_codes(torch.arange(256, dtype=torch.uint8)[:, None])  # (256, 4) in {0, 1, 2, 3}
-    return (codes.to(torch.int16) - 1).to(device=device, dtype=dtype)
+    codes = unpack_codes(torch.arange(256, dtype=torch.uint8, device=device)[:, None])  # (256, 4) in {0..3}
+    return (codes.to(torch.int16) - 1).to(dtype)
+
+
+_cached_byte_table = functools.cache(_make_byte_table)
+
+
+def _byte_table(device: torch.device, dtype: torch.dtype) -> torch.Tensor:
+    # while torch.compile traces, the table is made in the graph: a cached traced tensor would leak out of it
+    if torch.compiler.is_compiling():
+        return _make_byte_table(device, dtype)
+    return _cached_byte_table(device, dtype)
 
 
 def dequantize(
