@@ -2,6 +2,7 @@
 
     python benchmarks/tables.py kernels   # from benchmarks/results/kernels.json
     python benchmarks/tables.py vllm      # from benchmarks/results/vllm_*.json
+    python benchmarks/tables.py a8        # from benchmarks/results/a8.json
 """
 
 from __future__ import annotations
@@ -40,7 +41,7 @@ def kernels() -> str:
 
 def vllm() -> str:
     lines = ["| run | engine load, s | greedy tokens equal to the runtime's (of 24, per prompt) |", "|---|---|---|"]
-    for name in ("graphs", "fp8"):
+    for name in ("graphs", "fp8", "bitnet"):
         d = json.loads((RESULTS / f"vllm_{name}.json").read_text())
         r = d[name]
         lines.append(f"| {name} ({', '.join(f'{k}={v}' for k, v in r['kwargs'].items())}) | "
@@ -48,5 +49,26 @@ def vllm() -> str:
     return "\n".join(lines)
 
 
+def a8() -> str:
+    d = json.loads((RESULTS / "a8.json").read_text())
+    models = list(dict.fromkeys(r["model"] for r in d["rows"]))
+    ms = sorted({r["m"] for r in d["rows"]})
+    lines = [
+        f"Summed over each model's four layers, bf16 cuBLAS time over trit's W1.58A8 time ({d['device']}; "
+        "activation quantization included):",
+        "",
+        "| model | " + " | ".join(f"M={m}" for m in ms) + " |",
+        "|---|" + "---|" * len(ms),
+    ]
+    for model in models:
+        cells = [f"x{d['summed_speedup_vs_cublas_bf16'][f'{model} M={m}']:.2f}" for m in ms]
+        lines.append(f"| {model} | " + " | ".join(cells) + " |")
+    best = max(d["rows"], key=lambda r: r["a8_tops"])
+    lines += ["", f"Peak {best['a8_tops']:.0f} int8 TOPS ({best['model']} {best['layer']}, M={best['m']}); "
+              f"largest error against the reference {max(r['rel_err_vs_reference'] for r in d['rows']):.1e} "
+              "(relative, bf16 output)."]
+    return "\n".join(lines)
+
+
 if __name__ == "__main__":
-    print({"kernels": kernels, "vllm": vllm}[sys.argv[1]]())
+    print({"kernels": kernels, "vllm": vllm, "a8": a8}[sys.argv[1]]())
