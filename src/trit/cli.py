@@ -1,6 +1,6 @@
 """The ``trit`` command line: a thin argument parser over typed functions.
 
-``trit quantize | import | generate | eval | audit | demo | bench``, also ``python -m trit``.
+``trit quantize | import | heal | generate | eval | audit | demo | bench``, also ``python -m trit``.
 Errors about the user's input (a bad checkpoint, a bad path, a bad flag) print
 one line ``trit: error: ...`` and exit with status 2; Ctrl-C exits with 130.
 """
@@ -14,6 +14,7 @@ from pathlib import Path
 
 from trit import format as fmt
 from trit.checkpoint import CheckpointError
+from trit.calibrate import CalibOptions
 from trit.convert import ConvertOptions
 from trit.errors import TritError
 from trit.quant import Method
@@ -95,6 +96,14 @@ def _parser() -> argparse.ArgumentParser:
     q.add_argument("--pad", choices=[x.value for x in fmt.PadPolicy], default=fmt.PadPolicy.PAD.value,
                    help="layers whose K is not a multiple of the group: pad with zeros, or keep in high precision")
     q.add_argument("--scale-dtype", choices=[x.value for x in fmt.ScaleDtype], default="float16")
+    q.add_argument("--planes", type=int, default=1, choices=[1, 2],
+                   help="ternary planes per layer: 2 stores W = a1*T1 + a2*T2 (about 4 bits a weight)")
+    q.add_argument("--calib", type=Path, default=None,
+                   help="gptq: calibration text file (default: text sampled from the float model)")
+    q.add_argument("--calib-samples", type=int, default=32, help="gptq: calibration windows")
+    q.add_argument("--calib-seq-len", type=int, default=512, help="gptq: tokens per window")
+    q.add_argument("--act-order", action="store_true", help="gptq: columns by decreasing Hessian diagonal")
+    q.add_argument("--damp", type=float, default=0.01, help="gptq: damping, a fraction of mean(diag(H))")
     q.add_argument("--device", default="cpu", help="where the quantizer runs (cpu, cuda)")
     q.add_argument("--overwrite", action="store_true", help="replace a non-empty OUT_DIR")
     q.add_argument("--quiet", action="store_true", help="no progress bar")
@@ -104,6 +113,22 @@ def _parser() -> argparse.ArgumentParser:
     i.add_argument("out_dir", type=Path)
     i.add_argument("--overwrite", action="store_true", help="replace a non-empty OUT_DIR")
     i.add_argument("--quiet", action="store_true", help="no progress bar")
+
+    h = sub.add_parser("heal", help="quantization-aware distillation of a ternary checkpoint from its float teacher")
+    h.add_argument("ckpt", type=Path, help="a trit checkpoint (one plane)")
+    h.add_argument("out_dir", type=Path)
+    h.add_argument("--teacher", type=Path, required=True, help="the float checkpoint it was made from")
+    h.add_argument("--steps", type=int, default=200)
+    h.add_argument("--lr", type=float, default=5e-5)
+    h.add_argument("--batch", type=int, default=8)
+    h.add_argument("--seq-len", type=int, default=256)
+    h.add_argument("--data", type=Path, default=None, help="training text (default: sequences the teacher samples)")
+    h.add_argument("--train-samples", type=int, default=256)
+    h.add_argument("--heldout-samples", type=int, default=16)
+    h.add_argument("--eval-every", type=int, default=25)
+    h.add_argument("--device", default=None, help="cpu or cuda (default: cuda if present)")
+    h.add_argument("--overwrite", action="store_true", help="replace a non-empty OUT_DIR")
+    h.add_argument("--quiet", action="store_true", help="no progress bars")
 
     def runtime_flags(a: argparse.ArgumentParser) -> None:
         a.add_argument("--device", default=None, help="cpu or cuda (default: cuda if present)")
@@ -154,11 +179,20 @@ def _dispatch(args: argparse.Namespace) -> int:
             method=Method(args.method), group_size=args.group_size,
             keep=tuple(k.strip() for k in args.keep.split(",") if k.strip()),
             pad_policy=fmt.PadPolicy(args.pad), scale_dtype=fmt.ScaleDtype(args.scale_dtype),
-            overwrite=args.overwrite, device=args.device,
+            overwrite=args.overwrite, device=args.device, planes=args.planes,
+            calib=CalibOptions(args.calib, args.calib_samples, args.calib_seq_len),
+            act_order=args.act_order, damp=args.damp,
         )
         return quantize(args.model_dir, args.out_dir, opts, args.quiet)
     if args.command == "import":
         return import_checkpoint(args.model_dir, args.out_dir, args.overwrite, args.quiet)
+    if args.command == "heal":
+        from trit.heal import HealOptions, heal
+
+        opts = HealOptions(args.steps, args.lr, args.batch, args.seq_len, args.data, args.train_samples,
+                           args.heldout_samples, args.eval_every, args.device)
+        heal(args.ckpt, args.teacher, args.out_dir, opts, overwrite=args.overwrite, progress=not args.quiet)
+        return 0
     if args.command == "generate":
         from trit.runtime import SamplingOptions
 

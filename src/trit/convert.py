@@ -25,9 +25,11 @@ from tqdm.auto import tqdm
 
 from trit import format as fmt
 from trit.arch import check_architecture, is_decoder_linear
+from trit.calibrate import CalibOptions
 from trit.checkpoint import CONFIG_FILE, INDEX_FILE, SINGLE_FILE, Checkpoint, CheckpointError, open_checkpoint
 from trit.errors import TritError
 from trit.quant import Method, quantize
+from trit.quant.planes import quantize_planes
 
 # small files a checkpoint folder carries besides weights, copied as they are
 COPIED_FILES = (
@@ -58,6 +60,10 @@ class ConvertOptions:
     scale_dtype: fmt.ScaleDtype = fmt.ScaleDtype.FLOAT16
     overwrite: bool = False
     device: str = "cpu"  # where the quantizer runs
+    planes: int = 1  # ternary planes per layer (2: trit-planes, about 4 bits a weight)
+    calib: CalibOptions = CalibOptions()  # gptq: calibration data
+    act_order: bool = False  # gptq: columns in order of decreasing Hessian diagonal
+    damp: float = 0.01  # gptq: diagonal damping, a fraction of mean(diag(H))
 
 
 @dataclass(frozen=True)
@@ -148,18 +154,27 @@ def _check_finite(name: str, t: torch.Tensor, shard: Path) -> None:
 
 
 def _quantize_layer(
-    module: str, weight: torch.Tensor, opts: ConvertOptions, report: ConvertReport
+    module: str, weight: torch.Tensor, opts: ConvertOptions, report: ConvertReport,
+    precomputed: dict[str, tuple[torch.Tensor, torch.Tensor]],
 ) -> dict[str, torch.Tensor]:
     n, k = weight.shape
     k_pad = fmt.padded_k(k, opts.group_size)
-    w = fmt.pad_k(weight.to(opts.device, torch.float32), k_pad)
-    t = quantize(w, opts.group_size, opts.method)
-    packed = fmt.pack(t.values).cpu()  # (N, K_pad//4) uint8
-    scale = fmt.to_scale(t.scales, opts.scale_dtype, module).cpu()  # (N, G) fp16
-    report.packed_bytes += packed.numel()
-    report.scale_bytes += scale.numel() * scale.element_size()
+    if module in precomputed:  # calibrated (GPTQ): codes (P, N, K_pad), scales (P, N, G)
+        codes, scales = precomputed.pop(module)
+        planes = [(codes[p], scales[p]) for p in range(codes.shape[0])]
+    else:
+        w = fmt.pad_k(weight.to(opts.device, torch.float32), k_pad)
+        fits = quantize_planes(w, opts.group_size) if opts.planes == 2 else [quantize(w, opts.group_size, opts.method)]
+        planes = [(t.values, t.scales) for t in fits]
+    out = {}
+    for (packed_name, scale_name), (values, scales) in zip(fmt.plane_suffixes(len(planes)), planes):
+        packed = fmt.pack(values).cpu()  # (N, K_pad//4) uint8
+        scale = fmt.to_scale(scales, opts.scale_dtype, module).cpu()  # (N, G)
+        report.packed_bytes += packed.numel()
+        report.scale_bytes += scale.numel() * scale.element_size()
+        out |= {f"{module}.{packed_name}": packed, f"{module}.{scale_name}": scale}
     report.ternary_weights += n * k
-    return {f"{module}.{fmt.PACKED_SUFFIX}": packed, f"{module}.{fmt.SCALE_SUFFIX}": scale}
+    return out
 
 
 def _trit_config(opts: ConvertOptions, plan: dict[str, LayerReport]) -> fmt.TritConfig:
@@ -169,6 +184,7 @@ def _trit_config(opts: ConvertOptions, plan: dict[str, LayerReport]) -> fmt.Trit
         scale_dtype=opts.scale_dtype,
         method=Method(opts.method).value,
         pad_policy=opts.pad_policy,
+        planes=opts.planes,
         modules_not_converted=ALWAYS_KEPT + tuple(kept),
     )
 
@@ -240,18 +256,28 @@ def convert(
         method = ckpt.quantization_config.get("quant_method", "unknown")
         hint = "; import it with `trit import`" if method == "bitnet" else "; give a float checkpoint"
         raise CheckpointError(src / CONFIG_FILE, f"already quantized (quant_method {method!r}){hint}")
+    if opts.planes not in (1, 2):
+        raise ConvertError(f"--planes {opts.planes}: trit stores 1 or 2 ternary planes")
     plan = _plan(ckpt, opts)
     report = ConvertReport(out)
     start = time.perf_counter()
+    log(f"quantizing {src} -> {out}: {Method(opts.method).value}, group {opts.group_size}, {opts.planes} plane(s)")
+    precomputed: dict[str, tuple[torch.Tensor, torch.Tensor]] = {}
+    if Method(opts.method) is Method.GPTQ:
+        from trit.calibrate import gptq_model
+        from trit.quant.gptq import GptqOptions
+
+        gopts = GptqOptions(opts.group_size, opts.planes, opts.damp, opts.act_order)
+        todo = {m for m, r in plan.items() if r.action != "kept"}
+        precomputed = gptq_model(ckpt, todo, gopts, opts.calib, opts.device, progress)
 
     def transform(name: str, tensor: torch.Tensor) -> dict[str, torch.Tensor]:
         module, leaf = name.rsplit(".", 1)
         layer = plan.get(module)
         if leaf == "weight" and layer is not None and layer.action != "kept":
-            return _quantize_layer(module, tensor, opts, report)
+            return _quantize_layer(module, tensor, opts, report, precomputed)
         return {name: tensor.contiguous()}
 
-    log(f"quantizing {src} -> {out}: {Method(opts.method).value}, group {opts.group_size}")
     config = dict(ckpt.config, quantization_config=_trit_config(opts, plan).to_dict())
     write_checkpoint(ckpt, out, transform, config, progress)
     report.layers = sorted(plan.values(), key=lambda r: r.name)

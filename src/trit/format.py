@@ -31,7 +31,10 @@ converter, or kept in high precision: the config says which policy was used,
 and the true K comes from the model config (the layer's ``in_features``).
 
 Tensor names: ``<layer>.weight_packed``, ``<layer>.weight_scale`` beside the
-usual ``<layer>.bias``. ``config.json`` holds::
+usual ``<layer>.bias``. A checkpoint with ``planes = 2`` (trit-planes: ``W =
+a1 * T1 + a2 * T2``) stores the second plane beside the first, in the same
+layout, as ``<layer>.weight_packed_2`` and ``<layer>.weight_scale_2``; the
+layer's output is the sum of the two ternary matmuls. ``config.json`` holds::
 
     "quantization_config": {"quant_method": "trit", "format_version": 1,
                             "group_size": 64, "scale_dtype": "float16",
@@ -57,6 +60,7 @@ QUANT_METHOD = "trit"
 FORMAT_VERSION = 1
 PACKED_SUFFIX = "weight_packed"
 SCALE_SUFFIX = "weight_scale"
+MAX_PLANES = 2
 CODES_PER_BYTE = 4
 
 
@@ -107,12 +111,15 @@ class TritConfig:
     method: str = "absmean"
     pad_policy: PadPolicy = PadPolicy.PAD
     activation: ActivationQuant = ActivationQuant.NONE
+    planes: int = 1  # ternary planes summed per layer (trit-planes)
     modules_not_converted: tuple[str, ...] = ()
     format_version: int = FORMAT_VERSION
     extra: Mapping[str, Any] = field(default_factory=dict, compare=False)
 
     def __post_init__(self) -> None:
         check_group_size(self.group_size, "quantization_config.group_size")
+        if self.planes not in range(1, MAX_PLANES + 1) or isinstance(self.planes, bool):
+            raise FormatError("quantization_config.planes", f"1 to {MAX_PLANES}", repr(self.planes))
         if self.format_version != FORMAT_VERSION:
             raise FormatError(
                 "quantization_config.format_version", f"{FORMAT_VERSION}", repr(self.format_version)
@@ -138,6 +145,7 @@ class TritConfig:
             "method": self.method,
             "pad_policy": self.pad_policy.value,
             "activation": self.activation.value,
+            "planes": self.planes,
             "modules_not_converted": list(self.modules_not_converted),
             **dict(self.extra),
         }
@@ -174,6 +182,8 @@ class TritConfig:
                     raise FormatError(f"{where}.{key}", f"one of {allowed}", repr(d[key])) from None
         if "method" in d:
             kwargs["method"] = str(d["method"])
+        if "planes" in d:
+            kwargs["planes"] = d["planes"]
         modules = d.get("modules_not_converted", [])
         if not isinstance(modules, list) or not all(isinstance(m, str) for m in modules):
             raise FormatError(f"{where}.modules_not_converted", "a list of module names", repr(modules))
@@ -258,12 +268,13 @@ def check_layer(
     out_features: int | None = None,
     in_features: int | None = None,
     check_values: bool = True,
+    suffixes: tuple[str, str] = (PACKED_SUFFIX, SCALE_SUFFIX),
 ) -> None:
-    """Refuse a ternary layer that breaks the format, naming the tensor and the expectation.
+    """Refuse a ternary layer (one plane: ``suffixes``) that breaks the format, naming the tensor and the expectation.
 
     Without ``out_features``/``in_features`` the shapes are checked only against each other.
     """
-    p_name, s_name = f"{name}.{PACKED_SUFFIX}", f"{name}.{SCALE_SUFFIX}"
+    p_name, s_name = f"{name}.{suffixes[0]}", f"{name}.{suffixes[1]}"
     if packed.dtype != torch.uint8:
         raise FormatError(p_name, "dtype uint8", str(packed.dtype).removeprefix("torch."))
     if packed.dim() != 2:
@@ -292,12 +303,21 @@ def check_layer(
         raise FormatError(s_name, "positive scales", f"{int((scale <= 0).sum())} zero or negative")
 
 
+def plane_suffixes(planes: int) -> list[tuple[str, str]]:
+    """``(packed, scale)`` tensor suffixes of each plane: ``weight_packed``, then ``weight_packed_2``."""
+    return [(PACKED_SUFFIX, SCALE_SUFFIX)] + [(f"{PACKED_SUFFIX}_{p + 1}", f"{SCALE_SUFFIX}_{p + 1}")
+                                              for p in range(1, planes)]
+
+
+TERNARY_SUFFIXES = tuple(x for pair in plane_suffixes(MAX_PLANES) for x in pair)
+
+
 def layer_names(tensor_names: list[str] | set[str]) -> list[str]:
-    """The ternary layers a checkpoint holds: every ``X`` with an ``X.weight_packed`` or an ``X.weight_scale``."""
+    """The ternary layers a checkpoint holds: every ``X`` with an ``X.weight_packed`` or ``X.weight_scale`` (any plane)."""
     out = set()
     for n in tensor_names:
         module, _, leaf = n.rpartition(".")
-        if leaf in (PACKED_SUFFIX, SCALE_SUFFIX):
+        if leaf in TERNARY_SUFFIXES:
             out.add(module)
     return sorted(out)
 

@@ -28,6 +28,7 @@ class TritLinear(nn.Module):
         dtype: torch.dtype | None = None,
         device: torch.device | str | None = None,
         activation: fmt.ActivationQuant = fmt.ActivationQuant.NONE,
+        planes: int = 1,
     ):
         super().__init__()
         fmt.check_group_size(group_size, "group_size")
@@ -35,19 +36,24 @@ class TritLinear(nn.Module):
         self.activation = fmt.ActivationQuant(activation)
         self.act_int8 = self.activation is fmt.ActivationQuant.INT8_PER_TOKEN
         p_shape, s_shape = fmt.expected_shapes(out_features, in_features, group_size)
-        self.register_buffer("weight_packed", torch.empty(p_shape, dtype=torch.uint8, device=device))
-        self.register_buffer("weight_scale", torch.empty(s_shape, dtype=scale_dtype, device=device))
+        self.planes = planes
+        for packed_name, scale_name in fmt.plane_suffixes(planes):
+            self.register_buffer(packed_name, torch.empty(p_shape, dtype=torch.uint8, device=device))
+            self.register_buffer(scale_name, torch.empty(s_shape, dtype=scale_dtype, device=device))
         self.bias = nn.Parameter(torch.empty(out_features, dtype=dtype, device=device)) if bias else None
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:  # (..., K) -> (..., N)
-        return torch.ops.trit.linear(
-            x, self.weight_packed, self.weight_scale, self.group_size, self.bias, self.act_int8
-        )
+        y = torch.ops.trit.linear(x, self.weight_packed, self.weight_scale, self.group_size, self.bias, self.act_int8)
+        if self.planes == 2:  # trit-planes: a second ternary matmul, summed
+            y = y + torch.ops.trit.linear(x, self.weight_packed_2, self.weight_scale_2, self.group_size, None,
+                                          self.act_int8)
+        return y
 
     def extra_repr(self) -> str:
         return (
             f"in_features={self.in_features}, out_features={self.out_features}, "
-            f"group_size={self.group_size}, bias={self.bias is not None}, activation={self.activation.value}"
+            f"group_size={self.group_size}, bias={self.bias is not None}, activation={self.activation.value}, "
+            f"planes={self.planes}"
         )
 
 
@@ -64,6 +70,6 @@ def swap_linears(model: nn.Module, names: list[str], config: fmt.TritConfig) -> 
             )
         new = TritLinear(
             old.in_features, old.out_features, old.bias is not None, config.group_size,
-            config.scale_dtype.torch, old.weight.dtype, old.weight.device, config.activation,
+            config.scale_dtype.torch, old.weight.dtype, old.weight.device, config.activation, config.planes,
         )
         setattr(parent, child, new)

@@ -108,19 +108,21 @@ def _load_tensors(
         files = ckpt.open_all(stack, device=str(device))
         for name, info in ckpt.tensors.items():
             t = files[info.shard].get_tensor(name)
-            if t.is_floating_point() and name.rsplit(".", 1)[1] != fmt.SCALE_SUFFIX:
+            if t.is_floating_point() and name.rsplit(".", 1)[1] not in fmt.TERNARY_SUFFIXES:
                 t = t.to(dtype)
             state[name] = t
     for layer in fmt.layer_names(ckpt.tensors):
         mod = model.get_submodule(layer)
         assert isinstance(mod, TritLinear)
-        fmt.check_layer(
-            layer, state[f"{layer}.{fmt.PACKED_SUFFIX}"], state[f"{layer}.{fmt.SCALE_SUFFIX}"],
-            qcfg.group_size, mod.out_features, mod.in_features, check_values=validate,
-        )
+        for packed_name, scale_name in fmt.plane_suffixes(qcfg.planes):
+            fmt.check_layer(
+                layer, state[f"{layer}.{packed_name}"], state[f"{layer}.{scale_name}"],
+                qcfg.group_size, mod.out_features, mod.in_features, check_values=validate,
+                suffixes=(packed_name, scale_name),
+            )
     for name, t in state.items():
         want = expected[name]
-        if name.endswith((fmt.PACKED_SUFFIX, fmt.SCALE_SUFFIX)):
+        if name.endswith(fmt.TERNARY_SUFFIXES):
             continue
         if tuple(t.shape) != tuple(want.shape):
             raise fmt.FormatError(name, f"shape {tuple(want.shape)}", f"{tuple(t.shape)}")

@@ -94,7 +94,7 @@ def audit(path: str | Path, values: bool = True) -> AuditReport:
     model = meta_model(ckpt)
     linears = {n: m for n, m in model.named_modules() if isinstance(m, nn.Linear)}
     ternary = fmt.layer_names(ckpt.tensors)
-    _check_names(report.check("tensors present and known"), ckpt, model, ternary)
+    _check_names(report.check("tensors present and known"), ckpt, model, ternary, qcfg.planes)
     _check_policy(report.check("ternary vs modules_not_converted"), ckpt, qcfg, linears, ternary)
     with ExitStack() as stack:
         files = ckpt.open_all(stack) if values else {}
@@ -107,23 +107,25 @@ def audit(path: str | Path, values: bool = True) -> AuditReport:
             "layer layout (dtype, shape)", "codes in {0,1,2}", "scales finite, positive, dtype", "padding is zero"))
         packed_bytes = scale_bytes = weights = 0
         for layer in ternary:
-            if layer not in linears or any(f"{layer}.{x}" not in ckpt.tensors for x in (fmt.PACKED_SUFFIX, fmt.SCALE_SUFFIX)):
-                continue  # reported by the name checks
-            lin = linears[layer]
-            p, s = get(f"{layer}.{fmt.PACKED_SUFFIX}"), get(f"{layer}.{fmt.SCALE_SUFFIX}")
-            n, k = lin.out_features, lin.in_features
-            if not _guard(layout, fmt.check_layer, layer, p, s, qcfg.group_size, n, k, False):
-                continue
-            packed_bytes += p.numel()
-            scale_bytes += s.numel() * s.element_size()
-            weights += n * k
-            if values:
-                _guard(codes, _check_codes, layer, p)
-                _guard(scales, _check_scales, layer, s, qcfg)
-                _guard(pads, _check_padding, layer, p, k)
+            for suffixes in fmt.plane_suffixes(qcfg.planes):
+                names = tuple(f"{layer}.{x}" for x in suffixes)
+                if layer not in linears or any(n not in ckpt.tensors for n in names):
+                    continue  # reported by the name checks
+                lin = linears[layer]
+                p, s = get(names[0]), get(names[1])
+                n, k = lin.out_features, lin.in_features
+                if not _guard(layout, fmt.check_layer, layer, p, s, qcfg.group_size, n, k, False, suffixes):
+                    continue
+                packed_bytes += p.numel()
+                scale_bytes += s.numel() * s.element_size()
+                weights += n * k if suffixes[0] == fmt.PACKED_SUFFIX else 0  # weights count once, bytes per plane
+                if values:
+                    _guard(codes, _check_codes, names[0], p)
+                    _guard(scales, _check_scales, names[1], s, qcfg)
+                    _guard(pads, _check_padding, names[0], p, k)
         floats = report.check("float tensors finite")
         for name in ckpt.tensors if values else ():
-            if not name.endswith((fmt.PACKED_SUFFIX, fmt.SCALE_SUFFIX)):
+            if not name.endswith(fmt.TERNARY_SUFFIXES):
                 _guard(floats, _check_finite, name, get(name))
         if not values:  # no values read: these checks did not run, and say so
             report.checks = [c for c in report.checks if c.checked]
@@ -131,11 +133,11 @@ def audit(path: str | Path, values: bool = True) -> AuditReport:
     return report
 
 
-def _check_names(check: Check, ckpt: Checkpoint, model: nn.Module, ternary: list[str]) -> None:
+def _check_names(check: Check, ckpt: Checkpoint, model: nn.Module, ternary: list[str], planes: int) -> None:
     expected = set(model.state_dict())
-    for layer in ternary:  # a ternary layer stores codes and scales in place of its weight
+    for layer in ternary:  # a ternary layer stores codes and scales (each plane) in place of its weight
         expected.discard(f"{layer}.weight")
-        expected |= {f"{layer}.{fmt.PACKED_SUFFIX}", f"{layer}.{fmt.SCALE_SUFFIX}"}
+        expected |= {f"{layer}.{x}" for pair in fmt.plane_suffixes(planes) for x in pair}
     tied = {"lm_head.weight"} if getattr(model.config, "tie_word_embeddings", False) else set()
     check.checked = len(expected | set(ckpt.tensors))
     check.failures += [f"{n}: expected a tensor in the checkpoint, found none" for n in sorted(expected - set(ckpt.tensors) - tied)]
@@ -152,14 +154,13 @@ def _check_policy(check: Check, ckpt: Checkpoint, qcfg: fmt.TritConfig, linears:
             check.failures.append(f"{name}: expected ternary (not in modules_not_converted), found a float weight")
 
 
-def _check_codes(layer: str, packed: torch.Tensor) -> None:
+def _check_codes(name: str, packed: torch.Tensor) -> None:
     bad = fmt.count_invalid_codes(packed)
     if bad:
-        raise fmt.FormatError(f"{layer}.{fmt.PACKED_SUFFIX}", "2-bit codes in {0, 1, 2}", f"{bad} codes equal to 3")
+        raise fmt.FormatError(name, "2-bit codes in {0, 1, 2}", f"{bad} codes equal to 3")
 
 
-def _check_scales(layer: str, scale: torch.Tensor, qcfg: fmt.TritConfig) -> None:
-    name = f"{layer}.{fmt.SCALE_SUFFIX}"
+def _check_scales(name: str, scale: torch.Tensor, qcfg: fmt.TritConfig) -> None:
     if scale.dtype != qcfg.scale_dtype.torch:
         raise fmt.FormatError(name, f"dtype {qcfg.scale_dtype.value} (the config's scale_dtype)",
                               str(scale.dtype).removeprefix("torch."))
@@ -169,13 +170,13 @@ def _check_scales(layer: str, scale: torch.Tensor, qcfg: fmt.TritConfig) -> None
         raise fmt.FormatError(name, "positive scales", f"{int((scale <= 0).sum())} zero or negative")
 
 
-def _check_padding(layer: str, packed: torch.Tensor, in_features: int) -> None:
+def _check_padding(name: str, packed: torch.Tensor, in_features: int) -> None:
     if packed.shape[1] * 4 == in_features:
         return
     pad = fmt.unpack_codes(packed)[:, in_features:]
     if not (pad == 1).all():
         raise fmt.FormatError(
-            f"{layer}.{fmt.PACKED_SUFFIX}", f"zero weights (code 1) past K={in_features}",
+            name, f"zero weights (code 1) past K={in_features}",
             f"{int((pad != 1).sum())} other codes",
         )
 

@@ -23,6 +23,7 @@ __all__ = ["Method", "Ternary", "dequantize_ternary", "quantize", "quantize_absm
 class Method(str, enum.Enum):
     ABSMEAN = "absmean"
     TWN = "twn"
+    GPTQ = "gptq"  # calibrated: needs inputs, see trit.quant.gptq and trit.calibrate
 
 
 _METHODS: dict[Method, Callable[[torch.Tensor, int], Ternary]] = {
@@ -32,5 +33,7 @@ _METHODS: dict[Method, Callable[[torch.Tensor, int], Ternary]] = {
 
 
 def quantize(weight: torch.Tensor, group_size: int, method: Method | str = Method.ABSMEAN) -> Ternary:
-    """Quantize ``weight`` (N, K) float with ``method``; K must be a multiple of ``group_size``."""
+    """Quantize ``weight`` (N, K) float with a data-free ``method``; K must be a multiple of ``group_size``."""
+    if Method(method) not in _METHODS:
+        raise ValueError(f"{Method(method).value} needs calibration inputs: use trit.calibrate")
     return _METHODS[Method(method)](weight, group_size)

@@ -14,7 +14,9 @@ tensor parallelism:
   or not) split N, row-parallel layers split K, in whole bytes;
 - ``weight_scale`` ``(N, K_pad / group)``, a ``GroupQuantScaleParameter``
   (split with K on row-parallel layers), or with one scale per row a
-  ``ChannelQuantScaleParameter`` (replicated along K).
+  ``ChannelQuantScaleParameter`` (replicated along K);
+- with trit-planes, a second pair (``weight_packed_2``, ``weight_scale_2``)
+  of the same kinds, and ``apply`` sums the two ternary matmuls.
 
 A tensor-parallel size whose K partition would cut a group or a byte, or split
 a padded K, is refused with the layer and the reason. ``apply`` calls
@@ -123,34 +125,43 @@ class TritLinearMethod(LinearMethodBase):
         k_pad = shard_k_pad(self.prefix, input_size, input_size_per_partition, group)
         n = sum(output_partition_sizes)
         loader = extra_weight_attrs["weight_loader"]
-        packed = PackedvLLMParameter(
-            data=torch.empty(n, k_pad // fmt.CODES_PER_BYTE, dtype=torch.uint8),
-            input_dim=1, output_dim=0, packed_dim=1, packed_factor=fmt.CODES_PER_BYTE, weight_loader=loader,
-        )
         scale_dtype = self.trit.scale_dtype.torch
-        if group == -1:
-            scale = ChannelQuantScaleParameter(
-                data=torch.empty(n, 1, dtype=scale_dtype), output_dim=0, weight_loader=loader)
-        else:
-            scale = GroupQuantScaleParameter(
-                data=torch.empty(n, k_pad // group, dtype=scale_dtype), input_dim=1, output_dim=0,
-                weight_loader=loader)
-        layer.register_parameter(fmt.PACKED_SUFFIX, packed)
-        layer.register_parameter(fmt.SCALE_SUFFIX, scale)
+        for packed_name, scale_name in fmt.plane_suffixes(self.trit.planes):  # trit-planes: one pair per plane
+            packed = PackedvLLMParameter(
+                data=torch.empty(n, k_pad // fmt.CODES_PER_BYTE, dtype=torch.uint8),
+                input_dim=1, output_dim=0, packed_dim=1, packed_factor=fmt.CODES_PER_BYTE, weight_loader=loader,
+            )
+            if group == -1:
+                scale = ChannelQuantScaleParameter(
+                    data=torch.empty(n, 1, dtype=scale_dtype), output_dim=0, weight_loader=loader)
+            else:
+                scale = GroupQuantScaleParameter(
+                    data=torch.empty(n, k_pad // group, dtype=scale_dtype), input_dim=1, output_dim=0,
+                    weight_loader=loader)
+            layer.register_parameter(packed_name, packed)
+            layer.register_parameter(scale_name, scale)
         layer.trit_group_size = group
         layer.trit_act_int8 = self.trit.activation is fmt.ActivationQuant.INT8_PER_TOKEN
+        layer.trit_planes = fmt.plane_suffixes(self.trit.planes)
 
     def process_weights_after_loading(self, layer: torch.nn.Module) -> None:
         """Check the loaded values (codes, scales) on the device, then keep plain tensors."""
-        packed, scale = layer.weight_packed.data, layer.weight_scale.data
-        fmt.check_layer(self.prefix, packed, scale, self.trit.group_size, check_values=True)
-        layer.weight_packed = torch.nn.Parameter(packed, requires_grad=False)
-        layer.weight_scale = torch.nn.Parameter(scale, requires_grad=False)
+        for packed_name, scale_name in layer.trit_planes:
+            packed, scale = getattr(layer, packed_name).data, getattr(layer, scale_name).data
+            fmt.check_layer(self.prefix, packed, scale, self.trit.group_size, check_values=True,
+                            suffixes=(packed_name, scale_name))
+            setattr(layer, packed_name, torch.nn.Parameter(packed, requires_grad=False))
+            setattr(layer, scale_name, torch.nn.Parameter(scale, requires_grad=False))
 
     def apply(self, layer: torch.nn.Module, x: torch.Tensor, bias: torch.Tensor | None = None) -> torch.Tensor:
-        return torch.ops.trit.linear(
+        y = torch.ops.trit.linear(
             x, layer.weight_packed, layer.weight_scale, layer.trit_group_size, bias, layer.trit_act_int8
         )
+        if len(layer.trit_planes) == 2:  # trit-planes: the second ternary matmul, summed
+            y = y + torch.ops.trit.linear(
+                x, layer.weight_packed_2, layer.weight_scale_2, layer.trit_group_size, None, layer.trit_act_int8
+            )
+        return y
 
 
 def shard_k_pad(prefix: str, k: int, k_part: int, group: int) -> int:

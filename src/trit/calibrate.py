@@ -1,0 +1,179 @@
+"""Calibrated ternary PTQ of a whole model: GPTQ layer by layer, on inputs that went through the quantized layers.
+
+The float checkpoint is read lazily: the model is built on the meta device,
+and only one decoder layer's weights are in memory at a time. Calibration
+token windows go through the embeddings once; then, layer by layer, the
+layer's float weights are loaded, its linear layers are quantized in the order
+the data reaches them (q/k/v, then o, then gate/up, then down: each group sees
+inputs computed with the groups before it already quantized), and its output
+on the calibration windows becomes the next layer's input. Each linear layer's
+Hessian ``X^T X`` is summed from the inputs it sees (:mod:`trit.quant.gptq`).
+
+Calibration text comes from ``--calib FILE`` (windows of ``--calib-seq-len``
+tokens at evenly spaced offsets) or, by default, from the float model itself:
+sequences it samples from its BOS token (data-free, as in LLM-QAT; Liu et al.
+2023, arXiv:2305.17888).
+"""
+
+from __future__ import annotations
+
+from contextlib import ExitStack
+from dataclasses import dataclass
+from pathlib import Path
+
+import torch
+from torch import nn
+from tqdm.auto import tqdm
+
+from trit import format as fmt
+from trit.checkpoint import Checkpoint, CheckpointError
+from trit.quant.gptq import GptqOptions, gptq_ternary, hessian
+
+# the order data reaches a decoder layer's linear layers; each group shares one input
+STAGES = (("self_attn.q_proj", "self_attn.k_proj", "self_attn.v_proj"), ("self_attn.o_proj",),
+          ("mlp.gate_proj", "mlp.up_proj"), ("mlp.down_proj",))
+
+
+@dataclass(frozen=True)
+class CalibOptions:
+    file: Path | None = None  # text; None: sample from the float model
+    samples: int = 32
+    seq_len: int = 512
+    seed: int = 0
+    batch: int = 8
+
+
+def windows_from_text(ids: torch.Tensor, samples: int, seq_len: int) -> torch.Tensor:
+    """``samples`` windows of ``seq_len`` tokens at evenly spaced offsets of a token stream: ``(S, T)``."""
+    if ids.numel() < seq_len:
+        raise ValueError(f"calibration text has {ids.numel()} tokens, fewer than one window of {seq_len}")
+    starts = torch.linspace(0, ids.numel() - seq_len, samples).long()
+    return torch.stack([ids[s:s + seq_len] for s in starts.tolist()])
+
+
+def sample_from_model(model: nn.Module, tokenizer, samples: int, seq_len: int, seed: int, batch: int) -> torch.Tensor:
+    """Data-free calibration: ``(S, T)`` token windows the float model samples from its BOS token."""
+    bos = tokenizer.bos_token_id if tokenizer.bos_token_id is not None else tokenizer.eos_token_id
+    torch.manual_seed(seed)
+    out = []
+    device = next(model.parameters()).device
+    with torch.inference_mode():
+        for start in range(0, samples, batch):
+            b = min(batch, samples - start)
+            prompt = torch.full((b, 1), bos, dtype=torch.long, device=device)
+            ids = model.generate(prompt, attention_mask=torch.ones_like(prompt), do_sample=True, top_k=0,
+                                 top_p=1.0, temperature=1.0, max_new_tokens=seq_len - 1, min_new_tokens=seq_len - 1,
+                                 pad_token_id=tokenizer.eos_token_id)
+            out.append(ids[:, :seq_len].cpu())
+    return torch.cat(out)
+
+
+def calibration_ids(ckpt: Checkpoint, opts: CalibOptions, device: str) -> torch.Tensor:
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    tokenizer = AutoTokenizer.from_pretrained(ckpt.path)
+    if opts.file is not None:
+        if not Path(opts.file).is_file():
+            raise CheckpointError(opts.file, "no such calibration text file")
+        ids = tokenizer(Path(opts.file).read_text(), return_tensors="pt").input_ids[0]
+        return windows_from_text(ids, opts.samples, opts.seq_len)
+    model = AutoModelForCausalLM.from_pretrained(ckpt.path, dtype=torch.float32).to(device).eval()
+    try:
+        return sample_from_model(model, tokenizer, opts.samples, opts.seq_len, opts.seed, opts.batch)
+    finally:
+        del model
+
+
+class _LayerLoader:
+    """Loads one module's float tensors from the checkpoint onto the device, and drops them again."""
+
+    def __init__(self, ckpt: Checkpoint, stack: ExitStack, device: str):
+        self.ckpt, self.device = ckpt, device
+        self.files = ckpt.open_all(stack)
+
+    def load(self, model: nn.Module, prefix: str) -> nn.Module:
+        module = model.get_submodule(prefix)
+        module.to_empty(device=self.device)
+        state = {}
+        for name in module.state_dict():
+            full = f"{prefix}.{name}"
+            info = self.ckpt.tensors.get(full)
+            if info is None:
+                raise fmt.FormatError(full, "a tensor in the checkpoint", "none")
+            state[name] = self.files[info.shard].get_tensor(full).float()
+        module.load_state_dict(state)
+        return module
+
+
+def gptq_model(
+    ckpt: Checkpoint, quantized: set[str], gopts: GptqOptions, calib: CalibOptions, device: str = "cpu",
+    progress: bool = True,
+) -> dict[str, tuple[torch.Tensor, torch.Tensor]]:
+    """GPTQ every module in ``quantized``: ``{module: (codes (P, N, K_pad) int8, scales (P, N, G) f32)}``."""
+    from trit.runtime import meta_model
+
+    ids = calibration_ids(ckpt, calib, device)  # (S, T)
+    model = meta_model(ckpt, torch.float32)
+    results: dict[str, tuple[torch.Tensor, torch.Tensor]] = {}
+    with ExitStack() as stack, torch.inference_mode():
+        loader = _LayerLoader(ckpt, stack, device)
+        embed = loader.load(model, "model.embed_tokens")
+        rotary = type(model.model.rotary_emb)(model.config).to(device)
+        hidden = [embed(ids[i:i + calib.batch].to(device)) for i in range(0, ids.shape[0], calib.batch)]
+        embed.to("meta")
+        positions = torch.arange(ids.shape[1], device=device)[None]
+        rope = rotary(hidden[0], positions)
+        layers = model.model.layers
+        bar = tqdm(total=len(layers), desc="gptq", unit="layer", disable=not progress)
+        for i, layer in enumerate(layers):
+            prefix = f"model.layers.{i}"
+            loader.load(model, prefix)
+            for stage in STAGES:
+                names = [f"{prefix}.{s}" for s in stage if f"{prefix}.{s}" in quantized]
+                if not names:
+                    continue
+                h = _stage_hessian(layer, model.get_submodule(names[0]), hidden, rope, positions)
+                for name in names:
+                    bar.set_postfix_str(name, refresh=False)
+                    lin = model.get_submodule(name)
+                    results[name] = _quantize_linear(lin, h, gopts)
+            hidden = [layer(x, attention_mask=None, position_ids=positions, position_embeddings=rope) for x in hidden]
+            hidden = [x[0] if isinstance(x, tuple) else x for x in hidden]
+            layer.to("meta")
+            bar.update(1)
+        bar.close()
+    return results
+
+
+def _stage_hessian(layer: nn.Module, first: nn.Linear, hidden, rope, positions) -> torch.Tensor:
+    """``X^T X`` of the inputs ``first`` sees when the calibration windows run through ``layer``."""
+    h = torch.zeros(first.in_features, first.in_features, dtype=torch.float64, device=first.weight.device)
+
+    def hook(module, args):
+        x = args[0].reshape(-1, args[0].shape[-1]).double()
+        h.add_(x.T @ x)
+
+    handle = first.register_forward_pre_hook(hook)
+    try:
+        for x in hidden:
+            layer(x, attention_mask=None, position_ids=positions, position_embeddings=rope)
+    finally:
+        handle.remove()
+    return h.float()
+
+
+def _quantize_linear(lin: nn.Linear, h: torch.Tensor, gopts: GptqOptions) -> tuple[torch.Tensor, torch.Tensor]:
+    """GPTQ one linear layer (K padded to whole groups), and put its dequantized weight back in place."""
+    from trit.quant.gptq import dequantize_planes
+
+    n, k = lin.weight.shape
+    k_pad = fmt.padded_k(k, gopts.group_size)
+    w = fmt.pad_k(lin.weight.float(), k_pad)
+    hp = torch.zeros(k_pad, k_pad, device=h.device)
+    hp[:k, :k] = h
+    codes, scales = gptq_ternary(w, hp, gopts)
+    lin.weight.copy_(dequantize_planes(codes, scales)[:, :k].to(lin.weight.dtype))
+    return codes.cpu(), scales.cpu()
+
+
+__all__ = ["CalibOptions", "gptq_model", "windows_from_text", "sample_from_model", "hessian", "STAGES"]

@@ -1,0 +1,237 @@
+"""``trit heal``: short quantization-aware distillation of a ternary checkpoint from its float teacher.
+
+The student starts exactly at the ternary checkpoint: each ternary layer gets
+a float master weight equal to its dequantized weight and a trainable copy of
+its group scales. The forward pass re-quantizes the master weight to
+``scale * clamp(round(W / scale), -1, 1)`` with a straight-through estimator
+for the rounding (the scale learns through the product, as in LSQ; Esser et
+al. 2020, arXiv:1902.08153), so step 0 reproduces the checkpoint's outputs.
+The loss is the KL divergence from the float teacher's next-token
+distribution to the student's. Training text is data-free by default:
+sequences the teacher samples itself (LLM-QAT; Liu et al. 2023,
+arXiv:2305.17888), or windows of ``--data FILE``. The held-out loss is
+measured every ``eval_every`` steps on sequences never trained on, and the
+best student is what gets written: a normal trit checkpoint (same group size,
+scale dtype and layout), through the converter's atomic writer.
+
+Embeddings and ``lm_head`` stay frozen; the ternary layers (weights and
+scales) and the norms train. bf16 autocast on CUDA, gradient checkpointing.
+"""
+
+from __future__ import annotations
+
+import copy
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+from tqdm.auto import tqdm
+
+from trit import format as fmt
+from trit.checkpoint import CheckpointError, open_checkpoint
+from trit.convert import ConvertError, check_paths, write_checkpoint
+from trit.kernels.reference import dequantize
+from trit.nn import TritLinear
+
+
+@dataclass(frozen=True)
+class HealOptions:
+    steps: int = 200
+    lr: float = 5e-5
+    batch: int = 8
+    seq_len: int = 256
+    data: Path | None = None  # training text; None: sequences sampled from the teacher
+    train_samples: int = 256
+    heldout_samples: int = 16
+    eval_every: int = 25
+    device: str | None = None
+    seed: int = 0
+    grad_checkpointing: bool = True
+
+
+@dataclass
+class HealReport:
+    out_dir: Path
+    steps: int = 0
+    seconds: float = 0.0
+    heldout: list[tuple[int, float]] = field(default_factory=list)  # (step, held-out KL)
+
+    @property
+    def best(self) -> tuple[int, float]:
+        return min(self.heldout, key=lambda s: s[1])
+
+    def summary(self) -> str:
+        first, (best_step, best) = self.heldout[0], self.best
+        return (f"wrote {self.out_dir}: {self.steps} steps in {self.seconds:.0f} s; held-out KL to the teacher "
+                f"{first[1]:.4f} at step 0 -> {best:.4f} at step {best_step} (the one written)")
+
+
+class QATLinear(nn.Module):
+    """A ternary layer in training: float master weight and group scales, re-quantized every forward."""
+
+    def __init__(self, layer: TritLinear):
+        super().__init__()
+        self.in_features, self.out_features, self.group_size = layer.in_features, layer.out_features, layer.group_size
+        k_pad = layer.weight_packed.shape[1] * fmt.CODES_PER_BYTE
+        w = dequantize(layer.weight_packed, layer.weight_scale, layer.group_size, k_pad, torch.float32)
+        self.weight = nn.Parameter(w)  # (N, K_pad) f32, on the grid at the start
+        self.scale = nn.Parameter(layer.weight_scale.float().clone())  # (N, G)
+        self.bias = layer.bias
+        self.scale_dtype = layer.weight_scale.dtype
+
+    def codes(self) -> torch.Tensor:  # (N, K_pad) in {-1, 0, 1}, float
+        n, k_pad = self.weight.shape
+        a = self.scale.abs().clamp(min=1e-8)[:, :, None]
+        r = self.weight.view(n, a.shape[1], -1) / a
+        t = torch.clamp(r + (torch.round(r) - r).detach(), -1, 1)  # straight-through rounding
+        return t, a
+
+    def quantized_weight(self) -> torch.Tensor:
+        t, a = self.codes()
+        return (t * a).view(self.weight.shape)[:, : self.in_features]
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return F.linear(x, self.quantized_weight().to(x.dtype), None if self.bias is None else self.bias.to(x.dtype))
+
+    def export(self) -> tuple[torch.Tensor, torch.Tensor]:
+        """``(weight_packed (N, K_pad // 4) uint8, weight_scale (N, G))`` in the checkpoint's dtype."""
+        with torch.no_grad():
+            t, a = self.codes()
+            packed = fmt.pack(t.view(self.weight.shape).round().to(torch.int8)).cpu()
+            scale = fmt.to_scale(a[:, :, 0].float(), fmt.ScaleDtype(str(self.scale_dtype).removeprefix("torch.")),
+                                 "heal").cpu()
+        return packed, scale
+
+
+def _swap_in_qat(model: nn.Module) -> dict[str, QATLinear]:
+    qat = {}
+    for name, mod in list(model.named_modules()):
+        if isinstance(mod, TritLinear):
+            parent, _, child = name.rpartition(".")
+            new = QATLinear(mod)
+            setattr(model.get_submodule(parent), child, new)
+            qat[name] = new
+    return qat
+
+
+def _kl(student_logits: torch.Tensor, teacher_logits: torch.Tensor) -> torch.Tensor:
+    """Mean over tokens of KL(teacher || student), in float32."""
+    t = F.log_softmax(teacher_logits.float(), -1)
+    s = F.log_softmax(student_logits.float(), -1)
+    return (t.exp() * (t - s)).sum(-1).mean()
+
+
+def _sequences(teacher, tokenizer, opts: HealOptions) -> tuple[torch.Tensor, torch.Tensor]:
+    """Training and held-out token windows ``(S, T)``; the two never share a window."""
+    from trit.calibrate import sample_from_model, windows_from_text
+
+    total = opts.train_samples + opts.heldout_samples
+    if opts.data is not None:
+        if not Path(opts.data).is_file():
+            raise CheckpointError(opts.data, "no such training text file")
+        ids = tokenizer(Path(opts.data).read_text(), return_tensors="pt").input_ids[0]
+        cut = int(ids.numel() * opts.train_samples / total)  # held-out windows come from the text's tail
+        return (windows_from_text(ids[:cut], opts.train_samples, opts.seq_len),
+                windows_from_text(ids[cut:], opts.heldout_samples, opts.seq_len))
+    seqs = sample_from_model(teacher, tokenizer, total, opts.seq_len, opts.seed, opts.batch)
+    return seqs[: opts.train_samples], seqs[opts.train_samples:]
+
+
+@torch.no_grad()
+def _heldout_kl(student, teacher_logits: list[torch.Tensor], heldout: torch.Tensor, batch: int, amp) -> float:
+    student.eval()
+    total = 0.0
+    for i, t_logits in zip(range(0, heldout.shape[0], batch), teacher_logits):
+        with amp():
+            total += float(_kl(student(heldout[i:i + batch]).logits, t_logits)) * heldout[i:i + batch].shape[0]
+    student.train()
+    return total / heldout.shape[0]
+
+
+def heal(
+    ckpt_dir: str | Path, teacher_dir: str | Path, out_dir: str | Path, opts: HealOptions = HealOptions(),
+    overwrite: bool = False, progress: bool = True, log: Callable[[str], None] = print,
+) -> HealReport:
+    """Distil ``teacher_dir`` into the ternary ``ckpt_dir``; write the best student to ``out_dir``."""
+    from contextlib import nullcontext
+
+    from transformers import AutoModelForCausalLM
+
+    from trit import runtime
+
+    ckpt_dir, out = Path(ckpt_dir), Path(out_dir)
+    check_paths(ckpt_dir, out, overwrite)
+    device = opts.device or runtime.default_device()
+    loaded = runtime.load(ckpt_dir, device=device, dtype=torch.float32)
+    if loaded.trit_config is None:
+        raise ConvertError(f"{ckpt_dir}: not a trit checkpoint (heal starts from a ternary model)")
+    if loaded.trit_config.planes != 1:
+        raise ConvertError(f"{ckpt_dir}: heal trains one-plane checkpoints; this one has {loaded.trit_config.planes}")
+    teacher = AutoModelForCausalLM.from_pretrained(teacher_dir, dtype=torch.float32).to(device).eval()
+    teacher.requires_grad_(False)
+    amp = (lambda: torch.autocast("cuda", dtype=torch.bfloat16)) if device == "cuda" else nullcontext
+    torch.manual_seed(opts.seed)
+    train, heldout = (t.to(device) for t in _sequences(teacher, loaded.tokenizer, opts))
+    with torch.no_grad(), amp():
+        teacher_heldout = [teacher(heldout[i:i + opts.batch]).logits.float()
+                           for i in range(0, heldout.shape[0], opts.batch)]
+    student = loaded.model
+    qat = _swap_in_qat(student)
+    student.requires_grad_(False)
+    trainable = [p for m in qat.values() for p in (m.weight, m.scale)]
+    trainable += [p for n, p in student.named_parameters() if "norm" in n]
+    for p in trainable:
+        p.requires_grad_(True)
+    if opts.grad_checkpointing and hasattr(student, "gradient_checkpointing_enable"):
+        student.gradient_checkpointing_enable()
+    student.config.use_cache = False
+    student.train()
+    optim = torch.optim.AdamW(trainable, lr=opts.lr, weight_decay=0.0)
+    report = HealReport(out)
+    report.heldout.append((0, _heldout_kl(student, teacher_heldout, heldout, opts.batch, amp)))
+    best_state = copy.deepcopy({k: v.detach().cpu() for k, v in student.state_dict().items()})
+    start = time.perf_counter()
+    gen = torch.Generator().manual_seed(opts.seed)
+    for step in tqdm(range(1, opts.steps + 1), desc="heal", unit="step", disable=not progress):
+        idx = torch.randint(0, train.shape[0], (opts.batch,), generator=gen)
+        x = train[idx.to(train.device)]
+        with torch.no_grad(), amp():
+            t_logits = teacher(x).logits
+        with amp():
+            loss = _kl(student(x).logits, t_logits)
+        optim.zero_grad(set_to_none=True)
+        loss.backward()
+        torch.nn.utils.clip_grad_norm_(trainable, 1.0)
+        optim.step()
+        if step % opts.eval_every == 0 or step == opts.steps:
+            report.heldout.append((step, _heldout_kl(student, teacher_heldout, heldout, opts.batch, amp)))
+            if report.heldout[-1][1] <= report.best[1]:
+                best_state = copy.deepcopy({k: v.detach().cpu() for k, v in student.state_dict().items()})
+    report.steps, report.seconds = opts.steps, time.perf_counter() - start
+    student.load_state_dict(best_state)
+    _write(loaded, qat, student, out, progress)
+    log(report.summary())
+    return report
+
+
+def _write(loaded, qat: dict[str, QATLinear], student: nn.Module, out: Path, progress: bool) -> None:
+    """The original checkpoint's files, with the healed codes, scales and norms in place of the old ones."""
+    ckpt = open_checkpoint(loaded.checkpoint.path)
+    exported = {name: m.export() for name, m in qat.items()}
+    params = {n: p.detach().cpu() for n, p in student.named_parameters() if "norm" in n}
+
+    def transform(name: str, tensor: torch.Tensor) -> dict[str, torch.Tensor]:
+        module, leaf = name.rsplit(".", 1)
+        if module in exported and leaf == fmt.PACKED_SUFFIX:
+            return {name: exported[module][0]}
+        if module in exported and leaf == fmt.SCALE_SUFFIX:
+            return {name: exported[module][1]}
+        if name in params:
+            return {name: params[name].to(tensor.dtype)}
+        return {name: tensor.contiguous()}
+
+    write_checkpoint(ckpt, out, transform, dict(ckpt.config), progress, desc="write")

@@ -1,0 +1,168 @@
+"""GPTQ for ternary weights: Hessian-aware rounding with error feedback, one or two trit-planes.
+
+The layer's output error on calibration inputs ``X`` is ``||(W - Q) X^T||^2 =
+tr((W - Q) H (W - Q)^T)`` with ``H = X^T X``. GPTQ (Frantar et al. 2022,
+arXiv:2210.17323) quantizes one input column at a time and spreads its
+rounding error over the columns not yet quantized, weighted by the inverse
+Hessian (through its Cholesky factor); columns go in blocks so the updates are
+matrix products. Here each column is rounded to its group's ternary grid:
+
+- one plane: ``{-a, 0, +a}``, ``a`` from the exact TWN fit of the group's
+  weights as they stand (error feedback included) when the group starts;
+- two planes: the nine levels ``a1 * t1 + a2 * t2`` from
+  :func:`trit.quant.planes.fit_planes`, fitted the same way.
+
+``H`` gets ``damp * mean(diag(H))`` on its diagonal. With ``act_order`` the
+columns go in order of decreasing ``diag(H)``, and each group's grid is fitted
+up front on the original weights (a group's columns are then not contiguous
+in the processing order). Pure math: tensors in, codes and scales out.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+
+from trit.quant.planes import fit_planes
+from trit.quant.twn import quantize_twn
+
+
+@dataclass(frozen=True)
+class GptqOptions:
+    group_size: int = 64
+    planes: int = 1  # 1 or 2 ternary planes
+    damp: float = 0.01  # fraction of mean(diag(H)) added to the diagonal
+    act_order: bool = False
+    block_size: int = 128
+    refit: bool = True  # least-squares scales for the final codes under H
+
+
+def fit_grid(w: torch.Tensor, planes: int) -> torch.Tensor:
+    """``(N, g)`` float -> grid scales ``(N, planes)``: TWN for one plane, the joint fit for two."""
+    if planes == 1:
+        return quantize_twn(w, -1).scales  # (N, 1)
+    _, scales = fit_planes(w.unsqueeze(1))  # (2, N, 1)
+    return scales[:, :, 0].T.contiguous()  # (N, 2)
+
+
+_COMBOS = torch.tensor([(a, b) for a in (-1, 0, 1) for b in (-1, 0, 1)], dtype=torch.float32)  # (9, 2)
+
+
+def round_to_grid(col: torch.Tensor, scales: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """Nearest grid point per row: ``(N,)`` values, ``(N, P)`` scales -> ``(N,)`` values and ``(N, P)`` codes."""
+    if scales.shape[1] == 1:
+        a = scales[:, 0]
+        t = torch.clamp(torch.round(col / a.clamp(min=1e-12)), -1, 1) * (a > 0)
+        return a * t, t[:, None]
+    combos = _COMBOS.to(col.device)
+    levels = scales @ combos.T  # (N, 9)
+    best = (levels - col[:, None]).abs().argmin(dim=1)
+    return levels.gather(1, best[:, None])[:, 0], combos[best]
+
+
+def hessian_inverse_factor(h: torch.Tensor, damp: float) -> torch.Tensor:
+    """Upper Cholesky factor of ``(H + damp * mean(diag H) * I)^-1``, damping raised until it factors."""
+    eye = torch.eye(h.shape[0], device=h.device, dtype=h.dtype)
+    mean_diag = h.diagonal().mean().clamp(min=1e-8)
+    for attempt in range(6):
+        try:
+            chol = torch.linalg.cholesky(h + damp * (10**attempt) * mean_diag * eye)
+            return torch.linalg.cholesky(torch.cholesky_inverse(chol), upper=True)
+        except RuntimeError:  # torch.linalg.LinAlgError: not positive definite at this damping
+            continue
+    raise ValueError("Hessian is not positive definite even with 1e5 x damping; are the calibration inputs all zero?")
+
+
+def gptq_ternary(weight: torch.Tensor, h: torch.Tensor, opts: GptqOptions) -> tuple[torch.Tensor, torch.Tensor]:
+    """GPTQ one layer: ``(N, K)`` weight, ``(K, K)`` Hessian -> codes ``(P, N, K)`` int8, scales ``(P, N, G)`` f32.
+
+    K must be a whole number of groups (pad first); G is ``K // group_size`` (1 for -1).
+    """
+    n, k = weight.shape
+    g = k if opts.group_size == -1 else opts.group_size
+    if k % g:
+        raise ValueError(f"K = {k} is not a multiple of the group size {opts.group_size}; pad it first")
+    w = weight.float().clone()
+    h_orig = h.float()
+    h = h_orig.clone()
+    dead = h.diagonal() == 0
+    h[dead, dead] = 1.0
+    w[:, dead] = 0.0
+    perm = torch.argsort(h.diagonal(), descending=True) if opts.act_order else torch.arange(k, device=w.device)
+    static = opts.act_order or opts.group_size == -1
+    scales = torch.zeros(n, k // g, opts.planes, device=w.device)  # (N, G, P)
+    if static:  # every group's grid from the original weights, before any column moves
+        for j in range(k // g):
+            scales[:, j] = fit_grid(w[:, j * g:(j + 1) * g], opts.planes)
+    w, h = w[:, perm], h[perm][:, perm]
+    hinv = hessian_inverse_factor(h, opts.damp)
+    codes = torch.zeros(opts.planes, n, k, device=w.device)
+    block = opts.block_size if static else g * max(1, opts.block_size // g)  # blocks hold whole groups
+    for i1 in range(0, k, block):
+        i2 = min(i1 + block, k)
+        w1 = w[:, i1:i2].clone()
+        err1 = torch.zeros_like(w1)
+        hinv1 = hinv[i1:i2, i1:i2]
+        for i in range(i2 - i1):
+            col = int(perm[i1 + i])
+            if not static and col % g == 0:  # a group starts: fit its grid on the weights as they stand now
+                scales[:, col // g] = fit_grid(w1[:, i:i + g], opts.planes)
+            q, t = round_to_grid(w1[:, i], scales[:, col // g])
+            codes[:, :, col] = t.T
+            e = (w1[:, i] - q) / hinv1[i, i]
+            w1[:, i:] -= e[:, None] * hinv1[i, i:][None, :]
+            err1[:, i] = e
+        w[:, i2:] -= err1 @ hinv[i1:i2, i2:]
+    codes, scales = codes.to(torch.int8), scales.permute(2, 0, 1).contiguous()
+    if opts.refit:
+        codes, scales = refit_scales(weight.float(), codes, scales, h_orig)
+    return codes, scales
+
+
+def refit_scales(
+    weight: torch.Tensor, codes: torch.Tensor, scales: torch.Tensor, h: torch.Tensor, chunk: int = 64
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """Codes fixed, the scales of each row that minimise its output error: a ``P*G`` least-squares solve.
+
+    Row ``n``'s weight is ``sum_{p,g} a[p,g] * b[p,g]`` with ``b[p,g]`` plane ``p``'s codes in group ``g``
+    (zero elsewhere); the best ``a`` solves ``(B H B^T) a = B H w``. A negative solution flips that group's codes.
+    """
+    p, n, k = codes.shape
+    groups = scales.shape[2]
+    member = torch.nn.functional.one_hot(torch.arange(k, device=h.device) // (k // groups), groups).float()  # (K, G)
+    out = scales.clone()
+    eye = torch.eye(p * groups, device=h.device)
+    for r0 in range(0, n, chunk):
+        t = codes[:, r0:r0 + chunk].float()  # (P, c, K)
+        b = (t[:, :, :, None] * member).permute(1, 0, 3, 2).reshape(t.shape[1], p * groups, k)  # (c, PG, K)
+        bh = b @ h
+        a = bh @ b.transpose(1, 2)
+        a = a + 1e-6 * a.diagonal(dim1=1, dim2=2).mean(-1).clamp(min=1e-12)[:, None, None] * eye
+        sol = torch.linalg.solve(a, bh @ weight[r0:r0 + chunk, :, None])[..., 0]  # (c, PG)
+        out[:, r0:r0 + chunk] = sol.reshape(-1, p, groups).permute(1, 0, 2)
+    flip = out < 0
+    codes = torch.where(flip.repeat_interleave(k // groups, dim=2), -codes, codes)
+    return codes, out.abs()
+
+
+def output_error(weight: torch.Tensor, q: torch.Tensor, h: torch.Tensor) -> float:
+    """``tr((W - Q) H (W - Q)^T)``: the squared output error summed over the calibration inputs."""
+    d = (weight - q).double()
+    return float(torch.einsum("nk,kl,nl->", d, h.double(), d))
+
+
+def hessian(x: torch.Tensor) -> torch.Tensor:
+    """``X^T X`` of inputs ``(..., K)`` in float64-accumulated float32: ``(K, K)``."""
+    x2 = x.reshape(-1, x.shape[-1]).double()
+    return (x2.T @ x2).float()
+
+
+def dequantize_planes(codes: torch.Tensor, scales: torch.Tensor) -> torch.Tensor:
+    """Codes ``(P, N, K)`` and scales ``(P, N, G)`` -> the float weight ``(N, K)``."""
+    p, n, k = codes.shape
+    g = k // scales.shape[2]
+    return (codes.float().view(p, n, k // g, g) * scales[..., None]).sum(0).view(n, k)
+
+
+__all__ = ["GptqOptions", "gptq_ternary", "output_error", "hessian", "dequantize_planes", "round_to_grid"]

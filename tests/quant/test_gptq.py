@@ -1,0 +1,60 @@
+"""GPTQ-ternary and trit-planes on one layer: output error against round-to-nearest, for the same inputs."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from trit.quant import dequantize_ternary, quantize
+from trit.quant.gptq import GptqOptions, dequantize_planes, gptq_ternary, hessian, output_error, refit_scales
+from trit.quant.planes import quantize_planes
+
+
+@pytest.fixture(scope="module")
+def layer() -> tuple[torch.Tensor, torch.Tensor]:
+    """A (192, 320) weight and the Hessian of correlated, unevenly scaled inputs, like a real layer's."""
+    g = torch.Generator().manual_seed(0)
+    w = torch.randn(192, 320, generator=g) * 0.05
+    mix = torch.randn(320, 320, generator=g) / 320**0.5 + torch.eye(320)
+    x = torch.randn(1024, 320, generator=g) @ mix * torch.linspace(0.2, 3, 320)
+    return w, hessian(x)
+
+
+@pytest.mark.parametrize("group", [64, -1])
+@pytest.mark.parametrize("act_order", [False, True])
+def test_gptq_beats_round_to_nearest(layer, group: int, act_order: bool) -> None:
+    w, h = layer
+    codes, scales = gptq_ternary(w, h, GptqOptions(group_size=group, act_order=act_order))
+    assert codes.shape == (1, 192, 320) and set(codes.unique().tolist()) <= {-1, 0, 1}
+    assert scales.shape == (1, 192, 320 // group if group > 0 else 1) and (scales > 0).all()
+    gptq = output_error(w, dequantize_planes(codes, scales), h)
+    for method in ("absmean", "twn"):
+        rtn = output_error(w, dequantize_ternary(quantize(w, group, method)), h)
+        assert gptq < 0.85 * rtn, (method, gptq, rtn)
+
+
+def test_two_planes_reconstruct_better_than_one(layer) -> None:
+    w, h = layer
+    one = dequantize_ternary(quantize(w, 64, "twn"))
+    two = sum(dequantize_ternary(t) for t in quantize_planes(w, 64))
+    assert (w - two).norm() < 0.5 * (w - one).norm()
+    e1 = output_error(w, dequantize_planes(*gptq_ternary(w, h, GptqOptions(planes=1))), h)
+    e2 = output_error(w, dequantize_planes(*gptq_ternary(w, h, GptqOptions(planes=2))), h)
+    assert e2 < 0.3 * e1
+
+
+def test_scale_refit_never_hurts(layer) -> None:
+    w, h = layer
+    codes, scales = gptq_ternary(w, h, GptqOptions(refit=False))
+    codes2, scales2 = refit_scales(w, codes, scales, h)
+    assert output_error(w, dequantize_planes(codes2, scales2), h) <= output_error(w, dequantize_planes(codes, scales), h)
+    assert (scales2 >= 0).all()
+
+
+def test_dead_inputs_and_padding_are_zero_weights() -> None:
+    w = torch.randn(8, 64)
+    x = torch.randn(256, 64)
+    x[:, 40:] = 0  # inputs never seen (as padded columns are)
+    w[:, 40:] = 0
+    codes, _ = gptq_ternary(w, hessian(x), GptqOptions(group_size=32))
+    assert (codes[:, :, 40:] == 0).all()

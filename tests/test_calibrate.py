@@ -1,0 +1,92 @@
+"""GPTQ over a whole (tiny) model: calibration data, the converter's --method gptq, two planes, the refusals."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+import torch
+
+from trit import runtime
+from trit.calibrate import CalibOptions, windows_from_text
+from trit.cli import main
+from trit.convert import ConvertOptions, convert
+from trit.eval.audit import audit
+from trit.quant import Method
+
+TEXT = ("The ternary weights were packed four to a byte. " * 8 + "A layer reads its inputs once per token. " * 8) * 6
+
+
+@pytest.fixture(scope="module")
+def tiny(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    from trit.synthetic import make_checkpoint
+
+    return make_checkpoint(tmp_path_factory.mktemp("calib") / "float", hidden=64, intermediate=160, std=0.05)
+
+
+@pytest.fixture(scope="module")
+def calib_file(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    path = tmp_path_factory.mktemp("text") / "calib.txt"
+    path.write_text(TEXT)
+    return path
+
+
+def _logit_error(ckpt: Path, float_dir: Path, ids: torch.Tensor) -> float:
+    want = runtime.load(float_dir, device="cpu").model(ids).logits
+    got = runtime.load(ckpt, device="cpu").model(ids).logits
+    return ((got - want).norm() / want.norm()).item()
+
+
+def test_windows_from_text_spread_over_the_stream() -> None:
+    w = windows_from_text(torch.arange(100), 4, 10)
+    assert w.shape == (4, 10) and w[0, 0] == 0 and w[-1, -1] == 99
+    with pytest.raises(ValueError, match="fewer than one window"):
+        windows_from_text(torch.arange(5), 2, 10)
+
+
+@torch.no_grad()
+def test_gptq_model_is_closer_to_float_than_absmean(tiny: Path, calib_file: Path, tmp_path: Path) -> None:
+    calib = CalibOptions(calib_file, samples=8, seq_len=64, batch=4)
+    convert(tiny, tmp_path / "gptq", ConvertOptions(method=Method.GPTQ, group_size=32, calib=calib), progress=False,
+            log=lambda s: None)
+    convert(tiny, tmp_path / "absmean", ConvertOptions(group_size=32), progress=False, log=lambda s: None)
+    assert audit(tmp_path / "gptq").ok
+    tok = runtime.load(tiny, device="cpu").tokenizer
+    ids = tok(TEXT[:200], return_tensors="pt").input_ids
+    assert _logit_error(tmp_path / "gptq", tiny, ids) < _logit_error(tmp_path / "absmean", tiny, ids)
+
+
+@torch.no_grad()
+def test_two_planes_load_audit_and_beat_one(tiny: Path, calib_file: Path, tmp_path: Path) -> None:
+    calib = CalibOptions(calib_file, samples=8, seq_len=64, batch=4)
+    for planes in (1, 2):
+        opts = ConvertOptions(method=Method.GPTQ, group_size=32, calib=calib, planes=planes, act_order=True)
+        convert(tiny, tmp_path / f"p{planes}", opts, progress=False, log=lambda s: None)
+    q = json.loads((tmp_path / "p2" / "config.json").read_text())["quantization_config"]
+    assert q["planes"] == 2 and q["method"] == "gptq"
+    report = audit(tmp_path / "p2")
+    assert report.ok and 4.0 < report.bits_per_weight < 5.1  # two planes of 2 bits, plus two sets of scales
+    loaded = runtime.load(tmp_path / "p2", device="cpu")
+    assert loaded.model.model.layers[0].mlp.up_proj.weight_packed_2.shape == (160, 16)
+    tok = loaded.tokenizer
+    ids = tok(TEXT[:200], return_tensors="pt").input_ids
+    assert _logit_error(tmp_path / "p2", tiny, ids) < 0.5 * _logit_error(tmp_path / "p1", tiny, ids)
+
+
+def test_data_free_calibration_by_default(tiny: Path, tmp_path: Path) -> None:
+    code = main(["quantize", str(tiny), str(tmp_path / "out"), "--method", "gptq", "--group-size", "32",
+                 "--calib-samples", "2", "--calib-seq-len", "16", "--quiet"])
+    assert code == 0 and audit(tmp_path / "out").ok
+
+
+def test_missing_calibration_file_fails_cleanly(tiny: Path, tmp_path: Path, capsys: pytest.CaptureFixture) -> None:
+    code = main(["quantize", str(tiny), str(tmp_path / "out"), "--method", "gptq", "--calib",
+                 str(tmp_path / "nope.txt"), "--quiet"])
+    assert code == 2 and "nope.txt: no such calibration text file" in capsys.readouterr().err
+    assert not (tmp_path / "out").exists()
+
+
+def test_data_free_planes_without_calibration(tiny: Path, tmp_path: Path) -> None:
+    assert main(["quantize", str(tiny), str(tmp_path / "out"), "--planes", "2", "--group-size", "32", "--quiet"]) == 0
+    assert audit(tmp_path / "out").ok

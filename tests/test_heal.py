@@ -1,0 +1,71 @@
+"""``trit heal`` on a tiny model, on the CPU: held-out loss goes down, a normal checkpoint comes out."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+import torch
+
+from trit import runtime
+from trit.convert import ConvertOptions, convert
+from trit.eval.audit import audit
+from trit.heal import HealOptions, heal
+
+OPTS = HealOptions(steps=30, lr=3e-3, batch=4, seq_len=32, train_samples=16, heldout_samples=4, eval_every=10,
+                   device="cpu")
+
+
+@pytest.fixture(scope="module")
+def pair(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, Path]:
+    from trit.synthetic import make_checkpoint
+
+    root = tmp_path_factory.mktemp("heal")
+    src = make_checkpoint(root / "float")
+    convert(src, root / "trit", ConvertOptions(group_size=32), progress=False, log=lambda s: None)
+    return src, root / "trit"
+
+
+def test_heal_lowers_heldout_loss_and_writes_the_best(pair, tmp_path: Path) -> None:
+    teacher, ckpt = pair
+    report = heal(ckpt, teacher, tmp_path / "healed", OPTS, progress=False, log=lambda s: None)
+    start, (best_step, best) = report.heldout[0][1], report.best
+    assert best < 0.9 * start and best_step > 0
+    assert audit(tmp_path / "healed").ok
+    # the written checkpoint is the best student: its held-out KL is the one reported
+    healed = runtime.load(tmp_path / "healed", device="cpu")
+    assert healed.trit_config == runtime.load(ckpt, device="cpu").trit_config
+    assert not torch.equal(healed.model.model.layers[0].mlp.up_proj.weight_packed,
+                           runtime.load(ckpt, device="cpu").model.model.layers[0].mlp.up_proj.weight_packed)
+
+
+def test_heal_starts_exactly_at_the_checkpoint(pair) -> None:
+    from trit.heal import _swap_in_qat
+
+    _, ckpt = pair
+    model = runtime.load(ckpt, device="cpu").model
+    ids = torch.randint(3, 90, (2, 16))
+    with torch.no_grad():
+        before = model(ids).logits
+        _swap_in_qat(model)
+        after = model(ids).logits
+    torch.testing.assert_close(after, before, rtol=1e-5, atol=1e-5)
+
+
+def test_heal_from_text(pair, tmp_path: Path) -> None:
+    teacher, ckpt = pair
+    text = tmp_path / "train.txt"
+    text.write_text("ternary weights, four to a byte; " * 60)
+    opts = HealOptions(steps=4, lr=3e-3, batch=2, seq_len=32, data=text, train_samples=8, heldout_samples=2,
+                       eval_every=2, device="cpu")
+    report = heal(ckpt, teacher, tmp_path / "healed", opts, progress=False, log=lambda s: None)
+    assert [s for s, _ in report.heldout] == [0, 2, 4]
+
+
+def test_heal_refuses_a_float_checkpoint(pair, tmp_path: Path) -> None:
+    from trit.convert import ConvertError
+
+    teacher, _ = pair
+    with pytest.raises(ConvertError, match="not a trit checkpoint"):
+        heal(teacher, teacher, tmp_path / "out", OPTS, progress=False)
+    assert not (tmp_path / "out").exists()
