@@ -13,8 +13,8 @@ from collections.abc import Sequence
 from pathlib import Path
 
 from trit import format as fmt
-from trit.checkpoint import CheckpointError
 from trit.calibrate import CalibOptions
+from trit.checkpoint import CheckpointError
 from trit.convert import ConvertOptions
 from trit.errors import TritError
 from trit.quant import Method
