@@ -3,6 +3,7 @@
     python benchmarks/tables.py kernels   # from benchmarks/results/kernels.json
     python benchmarks/tables.py vllm      # from benchmarks/results/vllm_*.json
     python benchmarks/tables.py a8        # from benchmarks/results/a8.json
+    python benchmarks/tables.py ptq       # from benchmarks/results/ptq_smollm2_h200.json
 """
 
 from __future__ import annotations
@@ -70,5 +71,26 @@ def a8() -> str:
     return "\n".join(lines)
 
 
+def ptq() -> str:
+    d = json.loads((RESULTS / "ptq_smollm2_h200.json").read_text())
+    lines = [
+        f"{d['model']}; {d['eval']}; calibration: {d['calibration']}. On one {d['device']} "
+        f"(`{d['command']}`):",
+        "",
+        "| variant | WikiText-2 perplexity | x bf16 | bits per weight | time, s |",
+        "|---|---|---|---|---|",
+    ]
+    for r in d["rows"]:
+        lines.append(f"| {r['variant']} | {r['perplexity']:.6g} | {r['ratio_to_bf16']:.3g} | "
+                     f"{r['bits_per_weight']:.3f} | {r['seconds']:.0f} |")
+    heal = next((r for r in d["rows"] if r["variant"] == "healed"), None)
+    if heal:
+        best = min(heal["heldout_kl"], key=lambda s: s[1])
+        lines += ["", f"healed: gptq-g64, then {heal['heal_steps']} heal steps in {heal['heal_seconds']:.0f} s; "
+                  f"held-out KL {heal['heldout_kl'][0][1]:.3f} at step 0, best {best[1]:.3f} at step {best[0]} "
+                  f"(written), {heal['heldout_kl'][-1][1]:.3f} at the last step."]
+    return "\n".join(lines)
+
+
 if __name__ == "__main__":
-    print({"kernels": kernels, "vllm": vllm, "a8": a8}[sys.argv[1]]())
+    print({"kernels": kernels, "vllm": vllm, "a8": a8, "ptq": ptq}[sys.argv[1]]())

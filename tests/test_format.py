@@ -118,3 +118,13 @@ def test_to_scale_lifts_zero_and_refuses_overflow() -> None:
     assert out.dtype == torch.float16 and (out > 0).all()
     with pytest.raises(fmt.FormatError, match="overflow"):
         fmt.to_scale(torch.tensor([[1e6]]), fmt.ScaleDtype.FLOAT16, "l")
+
+
+def test_planes_in_the_config() -> None:
+    cfg = fmt.TritConfig.from_dict({"quant_method": "trit", "format_version": 1, "group_size": 64, "planes": 2})
+    assert cfg.planes == 2 and cfg.to_dict()["planes"] == 2
+    assert fmt.TritConfig.from_dict({"quant_method": "trit", "format_version": 1, "group_size": 64}).planes == 1
+    with pytest.raises(fmt.FormatError, match="quantization_config.planes: expected 1 to 2, found 3"):
+        fmt.TritConfig.from_dict({"quant_method": "trit", "format_version": 1, "group_size": 64, "planes": 3})
+    assert fmt.plane_suffixes(2) == [("weight_packed", "weight_scale"), ("weight_packed_2", "weight_scale_2")]
+    assert fmt.layer_names(["a.weight_packed_2", "b.weight_scale", "c.weight"]) == ["a", "b"]

@@ -12,7 +12,8 @@ sequences the teacher samples itself (LLM-QAT; Liu et al. 2023,
 arXiv:2305.17888), or windows of ``--data FILE``. The held-out loss is
 measured every ``eval_every`` steps on sequences never trained on, and the
 best student is what gets written: a normal trit checkpoint (same group size,
-scale dtype and layout), through the converter's atomic writer.
+scale dtype and layout), through the converter's atomic writer. AdamW, linear
+warm-up over the first 5% of the steps, then a cosine down to 10% of ``lr``.
 
 Embeddings and ``lm_head`` stay frozen; the ternary layers (weights and
 scales) and the norms train. bf16 autocast on CUDA, gradient checkpointing.
@@ -21,6 +22,7 @@ scales) and the norms train. bf16 autocast on CUDA, gradient checkpointing.
 from __future__ import annotations
 
 import copy
+import math
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
@@ -191,6 +193,9 @@ def heal(
     student.config.use_cache = False
     student.train()
     optim = torch.optim.AdamW(trainable, lr=opts.lr, weight_decay=0.0)
+    warmup = max(1, opts.steps // 20)  # linear warm-up over 5% of the steps, then cosine down to 10%
+    sched = torch.optim.lr_scheduler.LambdaLR(optim, lambda s: min(1.0, (s + 1) / warmup) * (
+        0.55 + 0.45 * math.cos(math.pi * min(1.0, s / max(1, opts.steps)))))
     report = HealReport(out)
     report.heldout.append((0, _heldout_kl(student, teacher_heldout, heldout, opts.batch, amp)))
     best_state = copy.deepcopy({k: v.detach().cpu() for k, v in student.state_dict().items()})
@@ -207,6 +212,7 @@ def heal(
         loss.backward()
         torch.nn.utils.clip_grad_norm_(trainable, 1.0)
         optim.step()
+        sched.step()
         if step % opts.eval_every == 0 or step == opts.steps:
             report.heldout.append((step, _heldout_kl(student, teacher_heldout, heldout, opts.batch, amp)))
             if report.heldout[-1][1] <= report.best[1]:

