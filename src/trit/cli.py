@@ -1,6 +1,6 @@
 """The ``trit`` command line: a thin argument parser over typed functions.
 
-``trit quantize | import | heal | generate | eval | audit | demo | bench``, also ``python -m trit``.
+``trit quantize | import | heal | generate | eval | audit | plan | demo | bench``, also ``python -m trit``.
 Errors about the user's input (a bad checkpoint, a bad path, a bad flag) print
 one line ``trit: error: ...`` and exit with status 2; Ctrl-C exits with 130.
 """
@@ -159,6 +159,15 @@ def _parser() -> argparse.ArgumentParser:
     a = sub.add_parser("audit", help="reconcile a trit checkpoint: config, tensors, layout, values")
     a.add_argument("ckpt", type=Path)
 
+    pl = sub.add_parser("plan", help="GPU memory ledger: weights, KV cache, activations; does it fit")
+    pl.add_argument("ckpt", type=Path, help="a checkpoint folder or a config.json")
+    pl.add_argument("--gpu-mem", default="24GiB")
+    pl.add_argument("--max-seq-len", type=int, default=8192)
+    pl.add_argument("--batch", type=int, default=1)
+    pl.add_argument("--kv-cache-dtype", default="auto", help="auto (the model dtype), fp8, float16, bfloat16")
+    pl.add_argument("--group-size", type=int, default=64, help="for a float config: the group trit would use")
+    pl.add_argument("--overhead", default="1.5GiB", help="CUDA context, workspaces and graphs (an assumption)")
+
     d = sub.add_parser("demo", help="SmolLM2-135M: quantize, generate side by side, perplexity, size, speed")
     d.add_argument("--ppl", type=Path, default=Path("../shared/data/wikitext-2-raw-test.txt"))
     d.add_argument("--max-new-tokens", type=int, default=48)
@@ -206,6 +215,14 @@ def _dispatch(args: argparse.Namespace) -> int:
         return evaluate(args.ckpt, args.ppl, opts, args.device, args.dtype)
     if args.command == "audit":
         return audit(args.ckpt)
+    if args.command == "plan":
+        from trit.plan import PlanOptions, parse_size, plan
+
+        opts = PlanOptions(parse_size(args.gpu_mem), args.max_seq_len, args.batch, args.kv_cache_dtype,
+                           group_size=args.group_size, overhead=parse_size(args.overhead, "--overhead"))
+        result = plan(args.ckpt, opts)
+        print(result.table(opts))
+        return 0 if result.fits else 1
     if args.command == "demo":
         from trit.demo import demo
 

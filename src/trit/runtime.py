@@ -55,11 +55,11 @@ def trit_config_of(ckpt: Checkpoint) -> fmt.TritConfig | None:
     return fmt.TritConfig.from_dict(q, where=f"{ckpt.path / CONFIG_FILE}: quantization_config")
 
 
-def meta_model(ckpt: Checkpoint, dtype: torch.dtype | None = None) -> nn.Module:
-    """The checkpoint's transformers model built on the meta device: structure and sizes, no memory."""
+def meta_model(ckpt: Checkpoint | Path, dtype: torch.dtype | None = None) -> nn.Module:
+    """The checkpoint's (or config folder's) transformers model built on the meta device: sizes, no memory."""
     from transformers import AutoConfig, AutoModelForCausalLM
 
-    hf_config = AutoConfig.from_pretrained(ckpt.path)
+    hf_config = AutoConfig.from_pretrained(ckpt.path if isinstance(ckpt, Checkpoint) else ckpt)
     hf_config.quantization_config = None  # trit is not a transformers quantizer: layers are swapped by hand
     with torch.device("meta"):
         return AutoModelForCausalLM.from_config(hf_config, **({"dtype": dtype} if dtype else {}))
