@@ -21,7 +21,7 @@ from dataclasses import dataclass
 
 import torch
 
-from trit.format import padded_k
+from trit.format import padded_k, unpack
 from trit.kernels import cpu, reference
 
 
@@ -133,7 +133,10 @@ def _setup_context(ctx, inputs, output) -> None:
 def _backward(ctx, grad):  # (..., N) -> grads of (x, packed, scale, group_size, bias, act_int8)
     """Gradients for the activations and the bias (the codes are not trainable); int8 rounding passes straight through."""
     packed, scale = ctx.saved_tensors
-    w = reference.dequantize(packed, scale, ctx.group_size, ctx.in_features, grad.dtype)  # (N, K)
+    values = unpack(packed).to(grad.dtype)  # (N, K_pad): shifts and masks only, no cached table to leak from a trace
+    n, k_pad = values.shape
+    g = k_pad if ctx.group_size == -1 else ctx.group_size
+    w = (values.view(n, k_pad // g, g) * scale.to(grad.dtype)[:, :, None]).view(n, k_pad)[:, : ctx.in_features]
     grad_x = grad @ w
     grad_bias = grad.reshape(-1, grad.shape[-1]).sum(0) if ctx.has_bias else None
     return grad_x, None, None, None, grad_bias, None
