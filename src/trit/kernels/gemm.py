@@ -20,6 +20,7 @@ import triton.language as tl
 
 from trit.kernels import splitk
 from trit.kernels.decode import decode_pairs, interpreting
+from trit.kernels.schedule import grouped_tile
 
 
 @dataclass(frozen=True)
@@ -91,13 +92,7 @@ def _gemm_kernel(
 ):
     pid = tl.program_id(0)
     pid_k = tl.program_id(1)
-    grid_m = tl.cdiv(M, BLOCK_M)
-    grid_n = tl.cdiv(N, BLOCK_N)
-    width = GROUP_M * grid_n  # grouped launch order: neighbouring programs share weight tiles in L2
-    first_m = (pid // width) * GROUP_M
-    size_m = tl.minimum(grid_m - first_m, GROUP_M)
-    pid_m = first_m + (pid % width) % size_m
-    pid_n = (pid % width) // size_m
+    pid_m, pid_n = grouped_tile(pid, M, N, BLOCK_M, BLOCK_N, GROUP_M)
     offs_m = pid_m * BLOCK_M + tl.arange(0, BLOCK_M)
     offs_n = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)
     m_ok = offs_m < M
