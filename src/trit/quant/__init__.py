@@ -17,7 +17,7 @@ from trit.quant.absmean import quantize_absmean
 from trit.quant.common import Ternary, dequantize_ternary
 from trit.quant.twn import quantize_twn
 
-__all__ = ["Method", "Ternary", "dequantize_ternary", "quantize", "quantize_absmean", "quantize_twn"]
+__all__ = ["DATA_FREE", "Method", "Ternary", "dequantize_ternary", "quantize", "quantize_absmean", "quantize_twn"]
 
 
 class Method(str, enum.Enum):
@@ -30,6 +30,7 @@ _METHODS: dict[Method, Callable[[torch.Tensor, int], Ternary]] = {
     Method.ABSMEAN: quantize_absmean,
     Method.TWN: quantize_twn,
 }
+DATA_FREE = tuple(_METHODS)  # the methods :func:`quantize` runs; GPTQ needs calibration inputs
 
 
 def quantize(weight: torch.Tensor, group_size: int, method: Method | str = Method.ABSMEAN) -> Ternary:
