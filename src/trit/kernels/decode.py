@@ -8,6 +8,8 @@ word ``w`` of a row holds the codes of inputs ``16*w .. 16*w + 15``, input
   ``2**23`` (bit pattern ``0x4B000000 | c``) reads as ``2**23 + c``; subtracting
   ``2**23 + 1`` leaves ``c - 1`` in {-1, 0, 1}. One shift, one logic op and one
   add per weight, no int-to-float conversion (a slow unit on NVIDIA GPUs).
+- :func:`decode_i8`: shift, mask and subtract one, as int8, for int8 tensor
+  cores (BitNet's W1.58A8).
 - :func:`decode_pairs`: the same trick in 16-bit halves. ``(word >> 2*i) &
   0x00030003`` holds code ``i`` in bits 0-1 and code ``i + 8`` in bits 16-17;
   OR-ing the bf16 pattern of 128.0 (``0x4300``, or fp16 1024.0, ``0x6400``)
@@ -41,6 +43,13 @@ def decode_f32(words):
     shifts = 2 * tl.arange(0, 16)
     codes = (words[:, :, None] >> shifts[None, None, :]) & 3
     return (codes | 0x4B000000).to(tl.float32, bitcast=True) - 8388609.0
+
+
+@triton.jit
+def decode_i8(words):
+    """``[R, W]`` int32 words -> ``[R, W, 16]`` int8 values in {-1, 0, 1}, natural K order."""
+    codes = (words[:, :, None] >> (2 * tl.arange(0, 16))[None, None, :]) & 3
+    return (codes - 1).to(tl.int8)
 
 
 @triton.jit

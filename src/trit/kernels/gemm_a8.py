@@ -28,6 +28,7 @@ import torch
 import triton
 import triton.language as tl
 
+from trit.kernels.decode import decode_i8
 from trit.kernels.schedule import grouped_tile
 
 
@@ -100,7 +101,6 @@ def _gemm_a8_kernel(
     offs_n = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)
     m_ok = offs_m < M
     n_ok = offs_n < N
-    shifts = 2 * tl.arange(0, 16)
     acc_i = tl.zeros((BLOCK_M, BLOCK_N), tl.int32)
     acc = tl.zeros((BLOCK_M, BLOCK_N), tl.float32)
     for k0 in range(0, KW * 16, BLOCK_K):
@@ -108,8 +108,7 @@ def _gemm_a8_kernel(
         offs_k = k0 + tl.arange(0, BLOCK_K)
         words = tl.load(w_ptr + offs_n[:, None] * KW + offs_w[None, :],
                         mask=n_ok[:, None] & (offs_w < KW)[None, :], other=0x55555555)  # [BN, BK/16]
-        codes = (words[:, :, None] >> shifts[None, None, :]) & 3  # [BN, BK/16, 16]
-        w = tl.reshape((codes - 1).to(tl.int8), (BLOCK_N, BLOCK_K))  # {-1, 0, 1}
+        w = tl.reshape(decode_i8(words), (BLOCK_N, BLOCK_K))  # {-1, 0, 1}
         x = tl.load(q_ptr + offs_m[:, None] * K + offs_k[None, :],
                     mask=m_ok[:, None] & (offs_k < K)[None, :], other=0)  # [BM, BK] int8
         if GROUP_K == 0:
@@ -120,6 +119,12 @@ def _gemm_a8_kernel(
             acc += part.to(tl.float32) * scale[None, :]
     if GROUP_K == 0:
         acc = acc_i.to(tl.float32) * tl.load(s_ptr + offs_n, mask=n_ok, other=0.0).to(tl.float32)[None, :]
+    _store_rows_scaled(acc, sx_ptr, b_ptr, y_ptr, offs_m, offs_n, m_ok, n_ok, N, HAS_BIAS)
+
+
+@triton.jit
+def _store_rows_scaled(acc, sx_ptr, b_ptr, y_ptr, offs_m, offs_n, m_ok, n_ok, N, HAS_BIAS: tl.constexpr):
+    """The epilogue of both int8 kernels: ``acc / s[m] + bias``, stored in the output dtype."""
     acc = acc / tl.load(sx_ptr + offs_m, mask=m_ok, other=1.0)[:, None]
     if HAS_BIAS:
         acc += tl.load(b_ptr + offs_n, mask=n_ok, other=0.0).to(tl.float32)[None, :]
@@ -139,9 +144,8 @@ def _codes_int8_kernel(
     offs_w = tl.program_id(1) * BLOCK_KW + tl.arange(0, BLOCK_KW)
     mask = (rows < N)[:, None] & (offs_w < KW)[None, :]
     words = tl.load(w_ptr + rows[:, None] * KW + offs_w[None, :], mask=mask, other=0x55555555)
-    codes = (words[:, :, None] >> (2 * tl.arange(0, 16))[None, None, :]) & 3  # [BN, BKW, 16]
     offs_k = offs_w[:, None] * 16 + tl.arange(0, 16)[None, :]
-    tl.store(out_ptr + rows[:, None, None] * (KW * 16) + offs_k[None, :, :], (codes - 1).to(tl.int8),
+    tl.store(out_ptr + rows[:, None, None] * (KW * 16) + offs_k[None, :, :], decode_i8(words),  # [BN, BKW, 16]
              mask=mask[:, :, None])
 
 
@@ -174,11 +178,7 @@ def _mm_a8_kernel(
         w = tl.load(w_ptr + offs_n[:, None] * KP + offs_k[None, :], mask=n_ok[:, None] & k_ok[None, :], other=0)
         acc = tl.dot(x, tl.trans(w), acc, out_dtype=tl.int32)
     out = acc.to(tl.float32) * tl.load(s_ptr + offs_n, mask=n_ok, other=0.0).to(tl.float32)[None, :]
-    out = out / tl.load(sx_ptr + offs_m, mask=m_ok, other=1.0)[:, None]
-    if HAS_BIAS:
-        out += tl.load(b_ptr + offs_n, mask=n_ok, other=0.0).to(tl.float32)[None, :]
-    tl.store(y_ptr + offs_m[:, None] * N + offs_n[None, :], out.to(y_ptr.dtype.element_ty),
-             mask=m_ok[:, None] & n_ok[None, :])
+    _store_rows_scaled(out, sx_ptr, b_ptr, y_ptr, offs_m, offs_n, m_ok, n_ok, N, HAS_BIAS)
 
 
 def codes_int8(words: torch.Tensor) -> torch.Tensor:
