@@ -19,6 +19,7 @@ constant, ``--overhead``; say so when quoting a plan.
 from __future__ import annotations
 
 import json
+import math
 import re
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -118,7 +119,7 @@ def _weights_from_headers(folder: Path) -> dict[str, int] | None:
         return None
     out = {"ternary (codes, scales)": 0, "embeddings and lm_head": 0, "other high precision": 0}
     for name, info in ckpt.tensors.items():
-        nbytes = info.meta().element_size() * _numel(info.shape)
+        nbytes = info.meta().element_size() * math.prod(info.shape)
         if name.rsplit(".", 1)[1] in fmt.TERNARY_SUFFIXES:
             out["ternary (codes, scales)"] += nbytes
         elif name.startswith(("model.embed_tokens", "lm_head")):
@@ -126,13 +127,6 @@ def _weights_from_headers(folder: Path) -> dict[str, int] | None:
         else:
             out["other high precision"] += nbytes
     return out
-
-
-def _numel(shape: tuple[int, ...]) -> int:
-    n = 1
-    for s in shape:
-        n *= s
-    return n
 
 
 def _weights_from_config(folder: Path, cfg: dict, opts: PlanOptions) -> dict[str, int]:
@@ -150,7 +144,7 @@ def _weights_from_config(folder: Path, cfg: dict, opts: PlanOptions) -> dict[str
     for name, mod in model.named_modules():
         if isinstance(mod, nn.Linear) and is_decoder_linear(name):
             (p_shape, s_shape) = fmt.expected_shapes(mod.out_features, mod.in_features, group)
-            out["ternary (codes, scales)"] += planes * (_numel(p_shape) + 2 * _numel(s_shape))
+            out["ternary (codes, scales)"] += planes * (math.prod(p_shape) + 2 * math.prod(s_shape))
             seen.add(id(mod.weight))
     for name, p in model.named_parameters():
         if id(p) in seen:

@@ -22,7 +22,7 @@ from pathlib import Path
 
 import torch
 
-from trit.bench.kernels import copies_for, copy_bandwidth
+from trit.bench.kernels import copies_for, copy_bandwidth, ternary_layer
 
 SHAPES = {
     "bitnet-2b4t": (("qkv", 3840, 2560), ("o", 2560, 2560), ("gate_up", 13824, 2560), ("down", 2560, 6912)),
@@ -32,18 +32,12 @@ MS = (64, 512, 2048, 8192)
 GROUP = -1
 
 
-def _layer(n: int, k: int) -> tuple[torch.Tensor, torch.Tensor]:
-    codes = torch.randint(0, 3, (n, k // 4, 4), dtype=torch.uint8, device="cuda")
-    packed = codes[..., 0] | codes[..., 1] << 2 | codes[..., 2] << 4 | codes[..., 3] << 6
-    return packed.contiguous(), (torch.rand(n, 1, device="cuda") * 0.02 + 0.005).half()
-
-
 def bench_problem(n: int, k: int, m: int, l2: int) -> dict:
     from trit import ops
     from trit.kernels import cuda, gemm_a8, reference, tuning
 
     x = torch.randn(m, k, device="cuda", dtype=torch.bfloat16)
-    layers = [_layer(n, k) for _ in range(copies_for(n * k // 4, l2))]
+    layers = [ternary_layer(n, k, GROUP) for _ in range(copies_for(n * k // 4, l2))]
     key = tuning.key(m, n, k, GROUP, torch.bfloat16)
 
     dense = m >= cuda.A8_DENSE_MIN_M

@@ -68,11 +68,11 @@ def copies_for(nbytes: int, l2_bytes: int, factor: int = 4, cap: int = 256) -> i
     return max(2, min(cap, math.ceil(factor * l2_bytes / nbytes)))
 
 
-def ternary_layer(n: int, k: int, device: str = "cuda") -> tuple[torch.Tensor, torch.Tensor]:
-    """Random codes (0..2, never 3) packed as the format says, and fp16 scales."""
+def ternary_layer(n: int, k: int, group: int = GROUP, device: str = "cuda") -> tuple[torch.Tensor, torch.Tensor]:
+    """Random codes (0..2, never 3) packed as the format says, and fp16 scales (one per row for group -1)."""
     codes = torch.randint(0, 3, (n, k // 4, 4), dtype=torch.uint8, device=device)
     packed = codes[..., 0] | codes[..., 1] << 2 | codes[..., 2] << 4 | codes[..., 3] << 6
-    scale = (torch.rand(n, k // GROUP, device=device) * 0.02 + 0.005).half()
+    scale = (torch.rand(n, 1 if group == -1 else k // group, device=device) * 0.02 + 0.005).half()
     return packed.contiguous(), scale
 
 
