@@ -94,7 +94,7 @@ class Source:
         return cls(linear_class, mode, tuple(q.get("modules_to_not_convert") or ()))
 
     def converts(self, module: str) -> bool:
-        return not any(module == m or module.startswith(m + ".") for m in self.not_converted)
+        return not fmt.is_listed(module, self.not_converted)
 
 
 def unpack_output_dim(packed: torch.Tensor, n: int) -> torch.Tensor:

@@ -27,7 +27,7 @@ from tqdm.auto import tqdm
 
 from trit import format as fmt
 from trit.checkpoint import Checkpoint, CheckpointError
-from trit.quant.gptq import GptqOptions, gptq_ternary, hessian
+from trit.quant.gptq import GptqOptions, dequantize_planes, gptq_ternary, hessian
 
 # the order data reaches a decoder layer's linear layers; each group shares one input
 STAGES = (("self_attn.q_proj", "self_attn.k_proj", "self_attn.v_proj"), ("self_attn.o_proj",),
@@ -150,8 +150,7 @@ def _stage_hessian(layer: nn.Module, first: nn.Linear, hidden, rope, positions) 
     h = torch.zeros(first.in_features, first.in_features, dtype=torch.float64, device=first.weight.device)
 
     def hook(module, args):
-        x = args[0].reshape(-1, args[0].shape[-1]).double()
-        h.add_(x.T @ x)
+        h.add_(hessian(args[0]))
 
     handle = first.register_forward_pre_hook(hook)
     try:
@@ -164,8 +163,6 @@ def _stage_hessian(layer: nn.Module, first: nn.Linear, hidden, rope, positions) 
 
 def _quantize_linear(lin: nn.Linear, h: torch.Tensor, gopts: GptqOptions) -> tuple[torch.Tensor, torch.Tensor]:
     """GPTQ one linear layer (K padded to whole groups), and put its dequantized weight back in place."""
-    from trit.quant.gptq import dequantize_planes
-
     n, k = lin.weight.shape
     k_pad = fmt.padded_k(k, gopts.group_size)
     w = fmt.pad_k(lin.weight.float(), k_pad)
@@ -176,4 +173,4 @@ def _quantize_linear(lin: nn.Linear, h: torch.Tensor, gopts: GptqOptions) -> tup
     return codes.cpu(), scales.cpu()
 
 
-__all__ = ["CalibOptions", "gptq_model", "windows_from_text", "sample_from_model", "hessian", "STAGES"]
+__all__ = ["CalibOptions", "gptq_model", "windows_from_text", "sample_from_model", "STAGES"]

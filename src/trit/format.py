@@ -134,7 +134,7 @@ class TritConfig:
 
     def is_converted(self, module: str) -> bool:
         """False for a module listed (or under a prefix listed) in ``modules_not_converted``."""
-        return not any(module == m or module.startswith(m + ".") for m in self.modules_not_converted)
+        return not is_listed(module, self.modules_not_converted)
 
     def to_dict(self) -> dict[str, Any]:
         return {
@@ -190,6 +190,11 @@ class TritConfig:
         kwargs["modules_not_converted"] = tuple(modules)
         kwargs["extra"] = {k: v for k, v in d.items() if k not in known}
         return cls(**kwargs)
+
+
+def is_listed(module: str, names: tuple[str, ...] | list[str]) -> bool:
+    """Whether ``module`` is one of ``names`` or lies under one (``model.layers.0`` lists its sublayers)."""
+    return any(module == m or module.startswith(m + ".") for m in names)
 
 
 def check_group_size(group_size: Any, where: str) -> None:

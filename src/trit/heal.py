@@ -34,7 +34,7 @@ from torch import nn
 from tqdm.auto import tqdm
 
 from trit import format as fmt
-from trit.checkpoint import CheckpointError, open_checkpoint
+from trit.checkpoint import CheckpointError
 from trit.convert import ConvertError, check_paths, write_checkpoint
 from trit.kernels.reference import dequantize
 from trit.nn import TritLinear
@@ -85,7 +85,7 @@ class QATLinear(nn.Module):
         self.bias = layer.bias
         self.scale_dtype = layer.weight_scale.dtype
 
-    def codes(self) -> torch.Tensor:  # (N, K_pad) in {-1, 0, 1}, float
+    def codes(self) -> tuple[torch.Tensor, torch.Tensor]:  # (N, G, g) in {-1, 0, 1} float, scales (N, G, 1)
         n, k_pad = self.weight.shape
         a = self.scale.abs().clamp(min=1e-8)[:, :, None]
         r = self.weight.view(n, a.shape[1], -1) / a
@@ -226,7 +226,7 @@ def heal(
 
 def _write(loaded, qat: dict[str, QATLinear], student: nn.Module, out: Path, progress: bool) -> None:
     """The original checkpoint's files, with the healed codes, scales and norms in place of the old ones."""
-    ckpt = open_checkpoint(loaded.checkpoint.path)
+    ckpt = loaded.checkpoint
     exported = {name: m.export() for name, m in qat.items()}
     params = {n: p.detach().cpu() for n, p in student.named_parameters() if "norm" in n}
 

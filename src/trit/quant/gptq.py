@@ -130,6 +130,7 @@ def refit_scales(
     """
     p, n, k = codes.shape
     groups = scales.shape[2]
+    h = h.float()
     member = torch.nn.functional.one_hot(torch.arange(k, device=h.device) // (k // groups), groups).float()  # (K, G)
     out = scales.clone()
     eye = torch.eye(p * groups, device=h.device)
@@ -153,9 +154,9 @@ def output_error(weight: torch.Tensor, q: torch.Tensor, h: torch.Tensor) -> floa
 
 
 def hessian(x: torch.Tensor) -> torch.Tensor:
-    """``X^T X`` of inputs ``(..., K)`` in float64-accumulated float32: ``(K, K)``."""
+    """``X^T X`` of inputs ``(..., K)``: ``(K, K)`` float64, so that batches can be summed without loss."""
     x2 = x.reshape(-1, x.shape[-1]).double()
-    return (x2.T @ x2).float()
+    return x2.T @ x2
 
 
 def dequantize_planes(codes: torch.Tensor, scales: torch.Tensor) -> torch.Tensor:
