@@ -2,14 +2,13 @@
 
 from __future__ import annotations
 
-import json
 import shutil
 from pathlib import Path
 
 import pytest
 import torch
 from conftest import corrupt_config, rewrite_tensors
-from vllm_helpers import run_llm_script  # noqa: I001
+from vllm_helpers import llm_outputs, logprob_diffs, run_llm_script, runtime_greedy  # noqa: I001
 
 from trit import runtime
 
@@ -21,28 +20,19 @@ LOGPROB_TOL = 1e-3
 
 @pytest.fixture(scope="module")
 def vllm_outputs(smollm2_trit: Path, tmp_path_factory: pytest.TempPathFactory) -> list[dict]:
-    out = tmp_path_factory.mktemp("vllm") / "out.json"
-    proc = run_llm_script(smollm2_trit, out)
-    assert proc.returncode == 0, proc.stderr[-4000:]
-    return json.loads(out.read_text())
+    return llm_outputs(smollm2_trit, tmp_path_factory.mktemp("vllm") / "out.json")
 
 
 def test_greedy_tokens_equal_the_runtime(vllm_outputs: list[dict], smollm2_trit: Path) -> None:
     loaded = runtime.load(smollm2_trit, device="cpu", dtype=torch.float32)
     for r in vllm_outputs:
-        ref = runtime.greedy_ids(loaded, torch.tensor([r["prompt_ids"]]), len(r["greedy"]))[0].tolist()
-        assert r["greedy"] == ref
+        assert r["greedy"] == runtime_greedy(loaded, r)
 
 
 def test_prompt_logprobs_agree(vllm_outputs: list[dict], smollm2_trit: Path) -> None:
     loaded = runtime.load(smollm2_trit, device="cpu", dtype=torch.float32)
     for r in vllm_outputs:
-        ids = torch.tensor([r["prompt_ids"]])
-        with torch.inference_mode():
-            logp = torch.log_softmax(loaded.model(ids).logits[0].float(), -1)
-        ours = logp[:-1].gather(1, ids[0, 1:, None])[:, 0]
-        theirs = torch.tensor(r["prompt_logprobs"][1:])
-        assert (ours - theirs).abs().max().item() < LOGPROB_TOL
+        assert logprob_diffs(loaded, r).max().item() < LOGPROB_TOL
 
 
 @pytest.fixture

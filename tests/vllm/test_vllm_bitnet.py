@@ -2,12 +2,11 @@
 
 from __future__ import annotations
 
-import json
 from pathlib import Path
 
 import pytest
 import torch
-from vllm_helpers import run_llm_script  # noqa: I001
+from vllm_helpers import llm_outputs, logprob_diffs, runtime_greedy  # noqa: I001
 
 from trit import runtime
 
@@ -31,29 +30,18 @@ def bitnet_trit(tmp_path_factory: pytest.TempPathFactory) -> Path:
 
 @pytest.fixture(scope="module")
 def vllm_outputs(bitnet_trit: Path, tmp_path_factory: pytest.TempPathFactory) -> list[dict]:
-    out = tmp_path_factory.mktemp("vllm-bitnet") / "out.json"
-    proc = run_llm_script(bitnet_trit, out)
-    assert proc.returncode == 0, proc.stderr[-4000:]
-    return json.loads(out.read_text())
+    return llm_outputs(bitnet_trit, tmp_path_factory.mktemp("vllm-bitnet") / "out.json")
 
 
 def test_greedy_tokens_equal_the_runtime(vllm_outputs: list[dict], bitnet_trit: Path) -> None:
     loaded = runtime.load(bitnet_trit, device="cpu", dtype=torch.float32)
     assert type(loaded.model).__name__ == "BitNetForCausalLM"
     for r in vllm_outputs:
-        ref = runtime.greedy_ids(loaded, torch.tensor([r["prompt_ids"]]), len(r["greedy"]))[0].tolist()
-        assert r["greedy"] == ref
+        assert r["greedy"] == runtime_greedy(loaded, r)
 
 
 def test_prompt_logprobs_agree(vllm_outputs: list[dict], bitnet_trit: Path) -> None:
     loaded = runtime.load(bitnet_trit, device="cpu", dtype=torch.float32)
-    diffs = []
-    for r in vllm_outputs:
-        ids = torch.tensor([r["prompt_ids"]])
-        with torch.inference_mode():
-            logp = torch.log_softmax(loaded.model(ids).logits[0].float(), -1)
-        ours = logp[:-1].gather(1, ids[0, 1:, None])[:, 0]
-        diffs.append((ours - torch.tensor(r["prompt_logprobs"][1:])).abs())
-    d = torch.cat(diffs)
+    d = torch.cat([logprob_diffs(loaded, r) for r in vllm_outputs])
     assert d.max().item() < LOGPROB_MAX_TOL
     assert d.median().item() < LOGPROB_MEDIAN_TOL

@@ -24,3 +24,32 @@ def vllm_env() -> dict[str, str]:
 def run_llm_script(ckpt: Path, out: Path, timeout: int = 900) -> subprocess.CompletedProcess:
     return subprocess.run([sys.executable, str(HERE / "llm_script.py"), str(ckpt), str(out)], capture_output=True,
                           text=True, env=vllm_env(), timeout=timeout)
+
+
+def llm_outputs(ckpt: Path, out: Path) -> list[dict]:
+    """Run ``llm_script.py`` on ``ckpt`` (it must succeed) and return its JSON records."""
+    import json
+
+    proc = run_llm_script(ckpt, out)
+    assert proc.returncode == 0, proc.stderr[-4000:]
+    return json.loads(out.read_text())
+
+
+def runtime_greedy(loaded, record: dict) -> list[int]:
+    """The runtime's greedy continuation of one record's prompt, as long as vLLM's."""
+    import torch
+
+    from trit import runtime
+
+    return runtime.greedy_ids(loaded, torch.tensor([record["prompt_ids"]]), len(record["greedy"]))[0].tolist()
+
+
+def logprob_diffs(loaded, record: dict):
+    """``|runtime - vLLM|`` prompt log-probs of one record, per scored token (a 1-D tensor)."""
+    import torch
+
+    ids = torch.tensor([record["prompt_ids"]])
+    with torch.inference_mode():
+        logp = torch.log_softmax(loaded.model(ids).logits[0].float(), -1)
+    ours = logp[:-1].gather(1, ids[0, 1:, None])[:, 0]
+    return (ours - torch.tensor(record["prompt_logprobs"][1:])).abs()
