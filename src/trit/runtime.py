@@ -57,10 +57,17 @@ def trit_config_of(ckpt: Checkpoint) -> fmt.TritConfig | None:
 
 def meta_model(ckpt: Checkpoint | Path, dtype: torch.dtype | None = None) -> nn.Module:
     """The checkpoint's (or config folder's) transformers model built on the meta device: sizes, no memory."""
-    from transformers import AutoConfig, AutoModelForCausalLM
+    from transformers import AutoConfig
 
     hf_config = AutoConfig.from_pretrained(ckpt.path if isinstance(ckpt, Checkpoint) else ckpt)
     hf_config.quantization_config = None  # trit is not a transformers quantizer: layers are swapped by hand
+    return meta_model_from_config(hf_config, dtype)
+
+
+def meta_model_from_config(hf_config: Any, dtype: torch.dtype | None = None) -> nn.Module:
+    """A transformers config's causal LM on the meta device."""
+    from transformers import AutoModelForCausalLM
+
     with torch.device("meta"):
         return AutoModelForCausalLM.from_config(hf_config, **({"dtype": dtype} if dtype else {}))
 

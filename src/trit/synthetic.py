@@ -114,3 +114,55 @@ def make_bitnet_checkpoint(
     }
     (folder / "config.json").write_text(json.dumps(config, indent=2))
     return folder
+
+
+def random_packed(shape: tuple[int, ...], device: str | torch.device, generator: torch.Generator) -> torch.Tensor:
+    """Uniformly random valid packed codes ``shape`` uint8: each byte four codes in {0, 1, 2} (never 3)."""
+    from trit import format as fmt
+
+    digits = torch.tensor([[v // 3**i % 3 for i in range(fmt.CODES_PER_BYTE)] for v in range(3**fmt.CODES_PER_BYTE)])
+    table = fmt.pack(digits - 1).reshape(-1).to(device)  # (81,) uint8: base-3 number -> packed byte
+    return table[torch.randint(0, len(table), shape, device=device, generator=generator)]
+
+
+def random_model(
+    config, trit_config=None, device: str | torch.device = "cpu", dtype: torch.dtype = torch.bfloat16,
+    seed: int = 0, std: float = 0.02,
+):
+    """A transformers causal LM of ``config`` with random weights made on ``device``: no checkpoint, no float copy.
+
+    With ``trit_config`` every decoder linear layer is a :class:`~trit.nn.TritLinear` holding random valid
+    codes and scales of about ``std`` (the layout a converted checkpoint would have); without it the model
+    is the plain float one. Norm weights are 1. For benchmarks of whole models at sizes no test could save.
+    """
+    from torch import nn
+
+    from trit.arch import is_decoder_linear
+    from trit.nn import swap_linears
+    from trit.runtime import _materialize_buffers, meta_model_from_config
+
+    device = torch.device(device)
+    model = meta_model_from_config(config, dtype)
+    if trit_config is not None:
+        names = [n for n, m in model.named_modules() if isinstance(m, nn.Linear) and is_decoder_linear(n)]
+        swap_linears(model, names, trit_config)
+    gen = torch.Generator(device=device).manual_seed(seed)
+    for mod in model.modules():
+        for kind in ("_parameters", "_buffers"):
+            for name, t in getattr(mod, kind).items():
+                if t is None or not t.is_meta or name in mod._non_persistent_buffers_set:
+                    continue
+                if t.dtype == torch.uint8:
+                    new = random_packed(tuple(t.shape), device, gen)
+                elif name.startswith("weight_scale"):
+                    new = torch.empty(t.shape, dtype=t.dtype, device=device).uniform_(0.5 * std, 1.5 * std,
+                                                                                       generator=gen)
+                elif t.dim() == 1 and name == "weight":  # a norm
+                    new = torch.ones(t.shape, dtype=t.dtype, device=device)
+                else:
+                    new = torch.empty(t.shape, dtype=t.dtype, device=device).normal_(0, std, generator=gen)
+                getattr(mod, kind)[name] = nn.Parameter(new, requires_grad=False) if kind == "_parameters" else new
+    if getattr(config, "tie_word_embeddings", False):
+        model.tie_weights()
+    _materialize_buffers(model, device)
+    return model.eval()
