@@ -62,6 +62,7 @@ PACKED_SUFFIX = "weight_packed"
 SCALE_SUFFIX = "weight_scale"
 MAX_PLANES = 2
 CODES_PER_BYTE = 4
+ZERO_BYTE = 0b01010101  # four codes 1: four zero weights
 
 
 class FormatError(TritError, ValueError):

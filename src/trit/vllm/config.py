@@ -78,6 +78,8 @@ class TritVllmConfig(QuantizationConfig):
 
         if not Path(model_name).is_dir():
             return  # a hub name: vLLM resolves it later; the load itself still checks values
+        if not any(Path(model_name).glob("*.safetensors")):
+            return  # a config folder (load_format="dummy"); a real load without weights fails in vLLM's loader
         from trit.eval.audit import audit
 
         report = audit(model_name, values=False)
@@ -124,11 +126,19 @@ class TritLinearMethod(LinearMethodBase):
         group = self.trit.group_size
         k_pad = shard_k_pad(self.prefix, input_size, input_size_per_partition, group)
         n = sum(output_partition_sizes)
-        loader = extra_weight_attrs["weight_loader"]
+        vllm_loader = extra_weight_attrs["weight_loader"]
+        layer.trit_loaded = False
+
+        def loader(param, *args, **kwargs):  # notes that a checkpoint tensor arrived (none does on a dummy load)
+            layer.trit_loaded = True
+            return vllm_loader(param, *args, **kwargs)
+
         scale_dtype = self.trit.scale_dtype.torch
         for packed_name, scale_name in fmt.plane_suffixes(self.trit.planes):  # trit-planes: one pair per plane
             packed = PackedvLLMParameter(
-                data=torch.empty(n, k_pad // fmt.CODES_PER_BYTE, dtype=torch.uint8),
+                # all zero weights (code 1) until loaded: valid codes also under load_format="dummy",
+                # which fills float tensors only
+                data=torch.full((n, k_pad // fmt.CODES_PER_BYTE), fmt.ZERO_BYTE, dtype=torch.uint8),
                 input_dim=1, output_dim=0, packed_dim=1, packed_factor=fmt.CODES_PER_BYTE, weight_loader=loader,
             )
             if group == -1:
@@ -145,9 +155,16 @@ class TritLinearMethod(LinearMethodBase):
         layer.trit_planes = fmt.plane_suffixes(self.trit.planes)
 
     def process_weights_after_loading(self, layer: torch.nn.Module) -> None:
-        """Check the loaded values (codes, scales) on the device, then keep plain tensors."""
+        """Check the loaded values (codes, scales) on the device, then keep plain tensors.
+
+        A layer no checkpoint tensor reached (``load_format="dummy"``, which fills float tensors with
+        small random values of either sign) keeps its all-zero codes and gets the magnitudes of those
+        values as scales: valid, and the same work for the kernels as real weights.
+        """
         for packed_name, scale_name in layer.trit_planes:
             packed, scale = getattr(layer, packed_name).data, getattr(layer, scale_name).data
+            if not layer.trit_loaded:
+                scale.abs_().clamp_(min=1e-6)
             fmt.check_layer(self.prefix, packed, scale, self.trit.group_size, check_values=True,
                             suffixes=(packed_name, scale_name))
             setattr(layer, packed_name, torch.nn.Parameter(packed, requires_grad=False))
