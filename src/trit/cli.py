@@ -174,7 +174,9 @@ def _parser() -> argparse.ArgumentParser:
     runtime_flags(d)
 
     b = sub.add_parser("bench", help="GPU benchmarks (JSON and a plot)")
-    b.add_argument("what", choices=["kernels", "a8"], help="kernels: trit::linear vs bf16; a8: int8-activation prefill")
+    b.add_argument("what", choices=["kernels", "a8", "decode"],
+                   help="kernels: trit::linear vs bf16; a8: int8-activation prefill; decode: whole models, "
+                        "runtime and vLLM (its own flags: trit bench decode --help)")
     b.add_argument("--out", type=Path, default=Path("benchmarks/results"))
     b.add_argument("--quick", action="store_true", help="M in {1, 4} only")
     b.add_argument("--no-tune", action="store_true", help="time the configs as they are, without tuning first")
@@ -239,6 +241,11 @@ def _dispatch(args: argparse.Namespace) -> int:
 
 
 def main(argv: Sequence[str] | None = None) -> int:
+    argv = list(sys.argv[1:] if argv is None else argv)
+    if argv[:2] == ["bench", "decode"]:  # its own flags: ``trit bench decode --help``
+        from trit.bench.decode import main as bench_decode
+
+        return bench_decode(argv[2:])
     args = _parser().parse_args(argv)
     try:
         return _dispatch(args)
