@@ -129,6 +129,12 @@ def _weights_from_headers(folder: Path) -> dict[str, int] | None:
     return out
 
 
+def _config_group(cfg: dict, opts: PlanOptions) -> int:
+    """The group size a trit config records; ``--group-size`` for a float config."""
+    q = cfg.get("quantization_config") or {}
+    return q.get("group_size", opts.group_size) if q.get("quant_method") == fmt.QUANT_METHOD else opts.group_size
+
+
 def _weights_from_config(folder: Path, cfg: dict, opts: PlanOptions) -> dict[str, int]:
     """Bytes as trit would store the model: decoder linears ternary, the rest in the activation dtype."""
     from torch import nn
@@ -137,7 +143,7 @@ def _weights_from_config(folder: Path, cfg: dict, opts: PlanOptions) -> dict[str
 
     model = meta_model(folder)
     q = cfg.get("quantization_config") or {}
-    group = q.get("group_size", opts.group_size) if q.get("quant_method") == fmt.QUANT_METHOD else opts.group_size
+    group = _config_group(cfg, opts)
     planes = q.get("planes", 1) if q.get("quant_method") == fmt.QUANT_METHOD else 1
     out = {"ternary (codes, scales)": 0, "embeddings and lm_head": 0, "other high precision": 0}
     seen = set()
@@ -171,7 +177,7 @@ def plan(path: str | Path, opts: PlanOptions = PlanOptions()) -> Plan:
     source = "weights from the safetensors headers"
     if weights is None:
         weights = _weights_from_config(folder, cfg, opts)
-        source = f"weights computed from config.json, group {opts.group_size}"
+        source = f"weights computed from config.json, group {_config_group(cfg, opts)}"
     p = Plan(weights=weights, source=source, gpu_mem=opts.gpu_mem, overhead=opts.overhead,
              max_position_embeddings=text.get("max_position_embeddings"))
     p.kv_per_token = 2 * layers * kv_heads * head_dim * _DTYPE_BYTES[opts.kv_cache_dtype]
