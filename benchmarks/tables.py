@@ -4,6 +4,8 @@
     python benchmarks/tables.py vllm      # from benchmarks/results/vllm_*.json
     python benchmarks/tables.py a8        # from benchmarks/results/a8.json
     python benchmarks/tables.py ptq       # from benchmarks/results/ptq_smollm2_h200.json
+    python benchmarks/tables.py decode    # from benchmarks/results/decode/*.json
+    python benchmarks/tables.py decode-plots  # the PNGs beside them (needs matplotlib)
 """
 
 from __future__ import annotations
@@ -92,5 +94,103 @@ def ptq() -> str:
     return "\n".join(lines)
 
 
+DECODE = RESULTS / "decode"
+# which file holds which engine's figures (the warm-start file and the killed first Qwen2 run are not here)
+DECODE_FILES = {"vllm": ("vllm.json", "vllm_qwen2_bf16.json", "vllm_qwen2_trit.json", "vllm_27b.json"),
+                "runtime": ("runtime.json",), "compiled": ("runtime_compiled.json",)}
+GiB = 2**30
+
+
+def _decode_workers(kind: str) -> list[dict]:
+    return [w for f in DECODE_FILES[kind] for w in json.loads((DECODE / f).read_text())["workers"]
+            if not w["error"] and w["runs"]]
+
+
+def _decode_runs(kind: str) -> dict[tuple, dict]:
+    """(model, weights, batch, max_len) -> run."""
+    return {(r["model"], r["weights"], r["batch"], r["max_len"]): r for w in _decode_workers(kind) for r in w["runs"]}
+
+
+def _speed_table(runs: dict[tuple, dict], with_ttft: bool) -> list[str]:
+    head = "| model | batch | bf16 tok/s | trit tok/s | trit / bf16 | trit p50 / p99 ms a token | peak GiB bf16 / trit |"
+    if with_ttft:
+        head += " TTFT ms bf16 / trit | whole-run tok/s bf16 / trit |"
+    lines = [head, "|" + "---|" * (head.count("|") - 1)]
+    for (model, weights, batch, max_len), t in runs.items():
+        b = runs.get((model, "bf16", batch, max_len))
+        if weights != "trit" or max_len != t["prompt"] + t["new_tokens"] or t["prompt"] != 512:
+            continue
+        if b is None:  # no bf16 run to compare with (it did not finish): the trit figures alone
+            lines.append(f"| {model} | {batch} | - | {t['decode_tokens_per_s']:.0f} | - | {t['tpot_p50_ms']:.2f} / "
+                         f"{t['tpot_p99_ms']:.2f} | - / {t['peak_bytes'] / GiB:.1f} |" + " - | - |" * with_ttft)
+            continue
+        row = (f"| {model} | {batch} | {b['decode_tokens_per_s']:.0f} | {t['decode_tokens_per_s']:.0f} | "
+               f"x{t['decode_tokens_per_s'] / b['decode_tokens_per_s']:.2f} | {t['tpot_p50_ms']:.2f} / "
+               f"{t['tpot_p99_ms']:.2f} | {b['peak_bytes'] / GiB:.1f} / {t['peak_bytes'] / GiB:.1f} |")
+        if with_ttft:
+            row += (f" {b['ttft_ms']:.0f} / {t['ttft_ms']:.0f} | {b['tokens_per_s']:.0f} / {t['tokens_per_s']:.0f} |")
+        lines.append(row)
+    return lines
+
+
+def decode() -> str:
+    vllm, rt, comp = _decode_runs("vllm"), _decode_runs("runtime"), _decode_runs("compiled")
+    meta = json.loads((DECODE / "runtime.json").read_text())
+    lines = [f"One {meta['device']}, random weights, prompt 512, 256 new tokens, greedy; decode tok/s = batch / "
+             "median step time (each step's tokens copied to the host); trit = ternary, group 64, fp16 scales.", "",
+             "**vLLM 0.25.1 (trit plugin, CUDA graphs, dummy weights):**", ""]
+    lines += _speed_table(vllm, with_ttft=False)
+    lines += ["", "**trit's runtime (transformers 5.17 model, static KV cache, CUDA-graph steps, no compile):**", ""]
+    lines += _speed_table(rt, with_ttft=True)
+    lines += ["", "**trit's runtime with the step compiled (`--compile`):**", ""]
+    lines += _speed_table(comp, with_ttft=False)
+
+    def ratio(runs, model, batch):
+        return runs[(model, "trit", batch, 768)]["decode_tokens_per_s"] / runs[(model, "bf16", batch, 768)][
+            "decode_tokens_per_s"]
+
+    v8, r8 = vllm[("llama3-8b", "trit", 1, 768)], comp[("llama3-8b", "trit", 1, 768)]
+    ctx = next(r for r in rt.values() if r["max_len"] > 768)
+    plans = [r for r in rt.values() if r["plan_error"] is not None]
+    worst = max(plans, key=lambda r: abs(r["plan_error"]))
+    lines += ["", "Goals (issue 7), from these files:", "",
+              f"- Llama-3-8B shape in vLLM, batch 1: trit {v8['decode_tokens_per_s']:.0f} tok/s, "
+              f"x{ratio(vllm, 'llama3-8b', 1):.2f} bf16 (goal x5 and 1000 tok/s: not met); batch 16: "
+              f"x{ratio(vllm, 'llama3-8b', 16):.2f} (goal x3: not met).",
+              f"- Runtime (compiled) at batch 1: {r8['decode_tokens_per_s']:.0f} tok/s, vLLM's trit figure is "
+              f"x{v8['decode_tokens_per_s'] / r8['decode_tokens_per_s']:.2f} of it (goal within x1.5).",
+              f"- 27B shape, {ctx['max_len']}-token context, batch 1 (runtime): {ctx['peak_bytes'] / GiB:.2f} GiB "
+              "peak (goal < 10 GB: not met).",
+              f"- `trit plan` against the runtime's measured peaks: {len(plans)} runs, errors from "
+              f"{min(r['plan_error'] for r in plans):+.0%} to {max(r['plan_error'] for r in plans):+.0%}, "
+              f"{sum(abs(r['plan_error']) <= 0.10 for r in plans)} within 10% (worst: {worst['model']} batch "
+              f"{worst['batch']}, {worst['plan_error']:+.0%}).", ""]
+    lines += ["| trit runtime run | measured peak GiB | trit plan GiB | error |", "|---|---|---|---|"]
+    lines += [f"| {r['model']} batch {r['batch']}, {r['max_len']} tokens | {r['peak_bytes'] / GiB:.2f} | "
+              f"{r['plan_bytes'] / GiB:.2f} | {r['plan_error']:+.1%} |" for r in plans]
+    cold = [w for w in json.loads((DECODE / "runtime.json").read_text())["workers"] if "cache" in w["extra"]]
+    warm_v = json.loads((DECODE / "vllm_warm_start.json").read_text())["workers"][0]
+    cold_v = next(w for w in _decode_workers("vllm") if (w["model"], w["weights"]) == ("llama3-8b", "trit"))
+    lines += ["", "Start-up, Llama-3-8B shape, trit (random weights made on the GPU: no checkpoint read):", ""]
+    lines += [f"- runtime, {w['extra']['cache']} Triton cache: first token {w['extra']['to_first_token_s']:.1f} s "
+              f"after process start (imports {w['extra']['import_s']:.1f} s, model {w['extra']['build_s']:.1f} s, "
+              f"prefill with kernel compiles {w['extra']['prefill_s']:.1f} s)" for w in cold]
+    lines += [f"- vLLM engine construction (dummy load, torch.compile, CUDA graph capture): "
+              f"{cold_v['init_seconds']:.0f} s on a fresh machine, {warm_v['init_seconds']:.0f} s with warm compile "
+              f"caches; that warm engine's first timed request: TTFT {warm_v['runs'][0]['ttft_ms']:.0f} ms."]
+    return "\n".join(lines)
+
+
+def decode_plots() -> str:
+    sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "src"))
+    from trit.bench.decode import plot
+
+    for kind in ("vllm", "runtime"):
+        meta = json.loads((DECODE / DECODE_FILES[kind][0]).read_text())
+        plot({"device": meta["device"], "workers": _decode_workers(kind)}, DECODE / "decode")
+    return "wrote " + ", ".join(str(p) for p in sorted(DECODE.glob("decode_*.png")))
+
+
 if __name__ == "__main__":
-    print({"kernels": kernels, "vllm": vllm, "a8": a8, "ptq": ptq}[sys.argv[1]]())
+    print({"kernels": kernels, "vllm": vllm, "a8": a8, "ptq": ptq, "decode": decode,
+           "decode-plots": decode_plots}[sys.argv[1]]())
