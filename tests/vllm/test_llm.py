@@ -54,6 +54,14 @@ def test_corrupt_codes_fail_with_trit_message(broken: Path, tmp_path: Path) -> N
     assert "model.layers.3.mlp.gate_up_proj.weight_packed: expected 2-bit codes in {0, 1, 2}, found 8 codes equal to 3" in proc.stderr
 
 
+def test_negative_scales_fail_with_trit_message(broken: Path, tmp_path: Path) -> None:
+    # a real load checks the scales as loaded (only a layer no tensor reached, under load_format=dummy, is mended)
+    rewrite_tensors(broken, lambda t: t["model.layers.2.self_attn.o_proj.weight_scale"].view(-1)[:3].neg_())
+    proc = run_llm_script(broken, tmp_path / "o.json")
+    assert proc.returncode != 0
+    assert "model.layers.2.self_attn.o_proj.weight_scale: expected positive scales, found 3 zero or negative" in proc.stderr
+
+
 def test_wrong_scale_shape_fails_before_loading(broken: Path, tmp_path: Path) -> None:
     name = "model.layers.0.self_attn.o_proj.weight_scale"
     rewrite_tensors(broken, lambda t: t.__setitem__(name, t[name][:, :4].clone()))
