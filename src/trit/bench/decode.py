@@ -452,7 +452,7 @@ def _versions() -> dict:
 
 
 def plot(result: dict, stem: Path) -> None:
-    """One PNG per engine: tokens/s against batch, one line per model and weight kind."""
+    """One PNG per engine: decode tokens/s against batch, one line per model and weight kind."""
     import matplotlib
 
     matplotlib.use("Agg")
@@ -466,9 +466,9 @@ def plot(result: dict, stem: Path) -> None:
                 rs = sorted((r for r in runs if (r["engine"], r["model"], r["weights"]) == (engine, model, weights)
                              and r["prompt"] + r["new_tokens"] == r["max_len"]), key=lambda r: r["batch"])
                 if rs:
-                    ax.plot([r["batch"] for r in rs], [r["tokens_per_s"] for r in rs], marker="o",
+                    ax.plot([r["batch"] for r in rs], [r["decode_tokens_per_s"] for r in rs], marker="o",
                             linestyle="-" if weights == "trit" else "--", label=f"{model} {weights}")
-        ax.set(xscale="log", yscale="log", xlabel="batch", ylabel="tokens / s (whole generation)",
+        ax.set(xscale="log", yscale="log", xlabel="batch", ylabel="decode tokens / s (batch / median step)",
                title=f"{engine}: prompt {runs[0]['prompt']}, {runs[0]['new_tokens']} new tokens, {result['device']}")
         ax.legend(fontsize=8)
         ax.grid(True, which="both", alpha=0.3)
