@@ -5,7 +5,7 @@ from __future__ import annotations
 import torch
 
 from trit import format as fmt
-from trit import ops  # noqa: F401  (registers the op)
+from trit import ops
 from trit.kernels import reference
 
 
@@ -75,3 +75,41 @@ def test_torch_compile_fullgraph_on_cpu() -> None:
     torch.testing.assert_close(compiled(x), eager)
     compiled(x).sum().backward()
     assert layers[0].bias.grad is not None
+
+
+def test_warm_up_runs_each_size_once_a_shape(monkeypatch) -> None:
+    from trit.synthetic import random_packed
+
+    g = torch.Generator().manual_seed(0)
+    packed, scale = random_packed((24, 40), "cpu", g), torch.full((24, 3), 0.1, dtype=torch.float16)  # K=160, g64
+    calls = []
+    monkeypatch.setattr(ops, "linear", lambda x, *a: calls.append(tuple(x.shape)) or x.new_zeros(x.shape[0], 24))
+    assert ops.warm_up(150, packed, scale, 64, torch.float32, ms=(1, 17)) == 2
+    assert calls == [(1, 150), (17, 150)]
+    assert ops.warm_up(150, packed, scale, 64, torch.float32, ms=(1, 17)) == 0  # this shape is warm
+    assert ops.warm_up(150, packed[:8], scale[:8], 64, torch.float32, ms=(1, 17)) == 2  # another is not
+
+
+def test_warm_up_wanted_follows_the_device_and_trit_warmup(monkeypatch) -> None:
+    monkeypatch.delenv("TRIT_WARMUP", raising=False)
+    assert ops.warm_up_wanted(torch.device("cuda")) and not ops.warm_up_wanted(torch.device("cpu"))
+    monkeypatch.setenv("TRIT_WARMUP", "0")
+    assert not ops.warm_up_wanted(torch.device("cuda"))
+    monkeypatch.setenv("TRIT_WARMUP", "1")
+    assert ops.warm_up_wanted(torch.device("cpu"))
+
+
+def test_warm_up_of_a_model_calls_the_real_op_on_every_plane() -> None:
+    from transformers import AutoConfig
+
+    from trit import format as fmt
+    from trit.nn import warm_up
+    from trit.synthetic import random_model
+
+    cfg = AutoConfig.for_model("llama", hidden_size=64, intermediate_size=96, num_hidden_layers=2,
+                               num_attention_heads=4, num_key_value_heads=2, vocab_size=50)
+    model = random_model(cfg, fmt.TritConfig(group_size=32, planes=2), "cpu", torch.float32, seed=3)
+    # distinct (in, out) shapes: q/o 64->64, k/v 64->32, gate/up 64->96, down 96->64; a second plane has
+    # its first's shape, so it compiles nothing new
+    assert warm_up(model, torch.float32) == 4 * len(ops.WARM_UP_MS)
+    assert warm_up(model, torch.float32) == 0

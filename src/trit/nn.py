@@ -5,7 +5,7 @@ from __future__ import annotations
 import torch
 from torch import nn
 
-import trit.ops  # noqa: F401  (registers torch.ops.trit.linear)
+import trit.ops  # registers torch.ops.trit.linear; warm_up
 from trit import format as fmt
 
 
@@ -73,3 +73,14 @@ def swap_linears(model: nn.Module, names: list[str], config: fmt.TritConfig) -> 
             config.scale_dtype.torch, old.weight.dtype, old.weight.device, config.activation, config.planes,
         )
         setattr(parent, child, new)
+
+
+def warm_up(model: nn.Module, dtype: torch.dtype) -> int:
+    """:func:`trit.ops.warm_up` for every distinct :class:`TritLinear` shape of ``model``; the calls made."""
+    calls = 0
+    for mod in model.modules():
+        if isinstance(mod, TritLinear):
+            for packed_name, scale_name in fmt.plane_suffixes(mod.planes):
+                calls += trit.ops.warm_up(mod.in_features, getattr(mod, packed_name), getattr(mod, scale_name),
+                                          mod.group_size, dtype, mod.act_int8)
+    return calls

@@ -143,3 +143,39 @@ def _backward(ctx, grad):  # (..., N) -> grads of (x, packed, scale, group_size,
 
 
 linear.register_autograd(_backward, setup_context=_setup_context)
+
+
+# ---------------------------------------------------------------------------- warm-up
+
+# Prefill sizes a kernel specializes on: the decode GEMV's unrolled M (1-4), each M bucket of the tuned
+# tables (powers of two) once divisible by 16 and once not (Triton compiles both), the dequantize path.
+WARM_UP_MS = (1, 2, 3, 4, 8, 15, 16, 31, 32, 63, 64, 127, 128, 255, 256, 511, 512, 1024)
+_WARMED: set[tuple] = set()
+
+
+def warm_up_wanted(device: torch.device) -> bool:
+    """``TRIT_WARMUP``: ``1`` always, ``0`` never, unset: on CUDA (where kernels compile)."""
+    import os
+
+    flag = os.environ.get("TRIT_WARMUP", "")
+    return flag == "1" or (flag != "0" and device.type == "cuda")
+
+
+def warm_up(in_features: int, packed: torch.Tensor, scale: torch.Tensor, group_size: int, dtype: torch.dtype,
+            act_int8: bool = False, ms: tuple[int, ...] = WARM_UP_MS) -> int:
+    """Run ``trit::linear`` once at each M of ``ms`` on zeros, once a process per layer shape.
+
+    The kernels the op will choose for those sizes compile (or load from Triton's disk cache) now, at
+    load, instead of during the first requests. Returns the number of calls made (0 for a shape
+    already warmed).
+    """
+    key = (packed.device, tuple(packed.shape), tuple(scale.shape), scale.dtype, in_features, group_size, dtype,
+           act_int8, ms)
+    if key in _WARMED:
+        return 0
+    _WARMED.add(key)
+    with torch.inference_mode():
+        for m in ms:
+            linear(torch.zeros(m, in_features, dtype=dtype, device=packed.device), packed, scale, group_size,
+                   None, act_int8)
+    return len(ms)

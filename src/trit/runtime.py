@@ -24,7 +24,8 @@ from torch import nn
 from trit import format as fmt
 from trit.arch import check_architecture
 from trit.checkpoint import CONFIG_FILE, Checkpoint, open_checkpoint
-from trit.nn import TritLinear, swap_linears
+from trit.nn import TritLinear, swap_linears, warm_up
+from trit.ops import warm_up_wanted
 
 
 @dataclass
@@ -95,6 +96,8 @@ def load(
     swap_linears(model, names, qcfg)
     _load_tensors(model, ckpt, qcfg, device, dtype, validate)
     _materialize_buffers(model, device)
+    if warm_up_wanted(device):  # compile the kernels now, not in the first request
+        warm_up(model, dtype)
     return Loaded(model.eval(), tokenizer, qcfg, ckpt)
 
 

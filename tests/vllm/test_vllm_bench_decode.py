@@ -9,9 +9,10 @@ import pytest
 pytest.importorskip("vllm")
 
 
-def test_vllm_engine_runs_a_dummy_trit_model(tmp_path) -> None:
+def test_vllm_engine_runs_a_dummy_trit_model(tmp_path, monkeypatch) -> None:
     from trit.bench import decode
 
+    monkeypatch.setenv("TRIT_WARMUP", "1")  # the plugin's warm-up at load, which on its own runs on CUDA only
     out = tmp_path / "decode.json"
     rc = decode.main(["--engines", "vllm", "--models", "tiny", "--weights", "trit", "--batches", "1,3",
                       "--prompt", "16", "--new-tokens", "6", "--device", "cpu", "--out", str(out)])

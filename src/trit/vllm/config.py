@@ -40,7 +40,7 @@ from vllm.model_executor.parameter import (
     PackedvLLMParameter,
 )
 
-import trit.ops  # noqa: F401  (registers torch.ops.trit.linear)
+import trit.ops  # registers torch.ops.trit.linear; warm_up
 from trit import format as fmt
 
 
@@ -153,6 +153,8 @@ class TritLinearMethod(LinearMethodBase):
         layer.trit_group_size = group
         layer.trit_act_int8 = self.trit.activation is fmt.ActivationQuant.INT8_PER_TOKEN
         layer.trit_planes = fmt.plane_suffixes(self.trit.planes)
+        layer.trit_in_features = input_size_per_partition
+        layer.trit_dtype = params_dtype
 
     def process_weights_after_loading(self, layer: torch.nn.Module) -> None:
         """Check the loaded values (codes, scales) on the device, then keep plain tensors.
@@ -169,6 +171,9 @@ class TritLinearMethod(LinearMethodBase):
                             suffixes=(packed_name, scale_name))
             setattr(layer, packed_name, torch.nn.Parameter(packed, requires_grad=False))
             setattr(layer, scale_name, torch.nn.Parameter(scale, requires_grad=False))
+            if trit.ops.warm_up_wanted(packed.device):  # compile the prefill kernels at load, not in a request
+                trit.ops.warm_up(layer.trit_in_features, packed, scale, self.trit.group_size, layer.trit_dtype,
+                                 layer.trit_act_int8)
 
     def apply(self, layer: torch.nn.Module, x: torch.Tensor, bias: torch.Tensor | None = None) -> torch.Tensor:
         y = torch.ops.trit.linear(
