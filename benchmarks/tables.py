@@ -140,6 +140,20 @@ def decode() -> str:
              "median step time (each step's tokens copied to the host); trit = ternary, group 64, fp16 scales.", "",
              "**vLLM 0.25.1 (trit plugin, CUDA graphs, dummy weights):**", ""]
     lines += _speed_table(vllm, with_ttft=False)
+    lines += ["", "**The seeds' scenarios on this GPU** (a seed's target: Qwen2-1.5B on a 24 GB A10 with P99 < 350 ms "
+              "a token, < 18 GB, >= 22 tok/s; a 27B ternary model at 18.7 tok/s on a 4090). vLLM's peak holds a KV "
+              "cache sized for batch 64:", "",
+              "| scenario | engine | P99 ms a token bf16 / trit | peak GiB bf16 / trit | decode tok/s bf16 / trit |",
+              "|---|---|---|---|---|"]
+    for model, batch in (("qwen2-1.5b", 1), ("qwen2-1.5b", 4), ("27b", 1), ("27b", 4)):
+        for engine, runs in (("vLLM", vllm), ("runtime", rt)):
+            b, t = runs[(model, "bf16", batch, 768)], runs[(model, "trit", batch, 768)]
+            lines.append(f"| {model} batch {batch}, 512 + 256 tokens | {engine} | {b['tpot_p99_ms']:.2f} / "
+                         f"{t['tpot_p99_ms']:.2f} | {b['peak_bytes'] / GiB:.1f} / {t['peak_bytes'] / GiB:.1f} | "
+                         f"{b['decode_tokens_per_s']:.0f} / {t['decode_tokens_per_s']:.0f} |")
+    for r in (r for r in rt.values() if r["max_len"] > 768):
+        lines.append(f"| {r['model']} batch {r['batch']}, {r['prompt']} + {r['new_tokens']} tokens | runtime | - / "
+                     f"{r['tpot_p99_ms']:.2f} | - / {r['peak_bytes'] / GiB:.1f} | - / {r['decode_tokens_per_s']:.0f} |")
     lines += ["", "**trit's runtime (transformers 5.17 model, static KV cache, CUDA-graph steps, no compile):**", ""]
     lines += _speed_table(rt, with_ttft=True)
     lines += ["", "**trit's runtime with the step compiled (`--compile`):**", ""]
