@@ -391,7 +391,7 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--compile", action="store_true", help="runtime: torch.compile the one-token step as well")
     ap.add_argument("--device", default="cuda")
     ap.add_argument("--timeout", type=int, default=900, help="seconds for each subprocess")
-    ap.add_argument("--out", type=Path, default=Path("benchmarks/results/decode.json"))
+    ap.add_argument("--out", type=Path, default=Path("benchmarks/results/decode/decode.json"))
     ap.add_argument("--worker", choices=["runtime", "vllm", "cold"], help=argparse.SUPPRESS)
     ap.add_argument("--result", type=Path, help=argparse.SUPPRESS)
     ap.add_argument("--started", type=float, default=0.0, help=argparse.SUPPRESS)
