@@ -116,7 +116,8 @@ def make_bitnet_checkpoint(
     return folder
 
 
-def random_packed(shape: tuple[int, ...], device: str | torch.device, generator: torch.Generator) -> torch.Tensor:
+def random_packed(shape: tuple[int, ...], device: str | torch.device,
+                  generator: torch.Generator | None = None) -> torch.Tensor:
     """Uniformly random valid packed codes ``shape`` uint8: each byte four codes in {0, 1, 2} (never 3)."""
     from trit import format as fmt
 

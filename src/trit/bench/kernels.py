@@ -70,10 +70,10 @@ def copies_for(nbytes: int, l2_bytes: int, factor: int = 4, cap: int = 256) -> i
 
 def ternary_layer(n: int, k: int, group: int = GROUP, device: str = "cuda") -> tuple[torch.Tensor, torch.Tensor]:
     """Random codes (0..2, never 3) packed as the format says, and fp16 scales (one per row for group -1)."""
-    codes = torch.randint(0, 3, (n, k // 4, 4), dtype=torch.uint8, device=device)
-    packed = codes[..., 0] | codes[..., 1] << 2 | codes[..., 2] << 4 | codes[..., 3] << 6
+    from trit.synthetic import random_packed
+
     scale = (torch.rand(n, 1 if group == -1 else k // group, device=device) * 0.02 + 0.005).half()
-    return packed.contiguous(), scale
+    return random_packed((n, k // 4), device), scale
 
 
 def bench_problem(n: int, k: int, m: int, l2: int, tune: bool) -> dict:
