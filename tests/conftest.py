@@ -72,6 +72,33 @@ def rewrite_tensors(folder: Path, edit) -> None:
     save_file(tensors, path, metadata={"format": "pt"})
 
 
+def seeded_layer(n: int, k: int, group: int, seed: int = 0) -> tuple[torch.Tensor, torch.Tensor]:
+    """A ternary layer on the CPU: ``(N, K_pad / 4)`` packed codes (zeros past K) and fp16 scales, from ``seed``."""
+    from trit import format as fmt
+
+    g = torch.Generator().manual_seed(seed)
+    k_pad = fmt.padded_k(k, group)
+    values = torch.randint(-1, 2, (n, k_pad), generator=g, dtype=torch.int8)
+    values[:, k:] = 0
+    groups = 1 if group == -1 else k_pad // group
+    return fmt.pack(values), (torch.rand(n, groups, generator=g) * 0.02 + 0.005).half()
+
+
+def trit_mlp(k: int, n: int, group: int, dtype: torch.dtype, device: str = "cpu") -> torch.nn.Sequential:
+    """``TritLinear(k -> n)``, SiLU, ``TritLinear(n -> k)``, seeded layers and random biases: for compile tests."""
+    from trit.nn import TritLinear
+
+    layers = []
+    for out_f, in_f in [(n, k), (k, n)]:
+        lin = TritLinear(in_f, out_f, bias=True, group_size=group, dtype=dtype, device=device)
+        packed, scale = seeded_layer(out_f, in_f, group, seed=out_f)
+        lin.weight_packed.copy_(packed)
+        lin.weight_scale.copy_(scale)
+        lin.bias.data.normal_()
+        layers.append(lin)
+    return torch.nn.Sequential(layers[0], torch.nn.SiLU(), layers[1])
+
+
 def has_cuda() -> bool:
     return torch.cuda.is_available()
 

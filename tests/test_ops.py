@@ -3,18 +3,11 @@
 from __future__ import annotations
 
 import torch
+from conftest import seeded_layer, trit_mlp
 
 from trit import format as fmt
 from trit import ops
 from trit.kernels import reference
-
-
-def _layer(n: int, k: int, group: int, seed: int = 0):
-    g = torch.Generator().manual_seed(seed)
-    values = torch.randint(-1, 2, (n, fmt.padded_k(k, group)), generator=g, dtype=torch.int8)
-    values[:, k:] = 0
-    groups = 1 if group == -1 else fmt.padded_k(k, group) // group
-    return fmt.pack(values), (torch.rand(n, groups, generator=g) * 0.02 + 0.005).half()
 
 
 def test_int8_activations_quantize_per_token() -> None:
@@ -27,7 +20,7 @@ def test_int8_activations_quantize_per_token() -> None:
 
 
 def test_op_with_int8_activations_equals_reference() -> None:
-    packed, scale = _layer(40, 576, 64)
+    packed, scale = seeded_layer(40, 576, 64)
     x, b = torch.randn(3, 576), torch.randn(40)
     y = torch.ops.trit.linear(x, packed, scale, 64, b, True)  # the CPU kernel, on x_q / s
     want = reference.linear_a8(x, packed, scale, 64, b)
@@ -37,7 +30,7 @@ def test_op_with_int8_activations_equals_reference() -> None:
 
 
 def test_gradients_flow_to_activations_and_bias() -> None:
-    packed, scale = _layer(40, 96, 32)
+    packed, scale = seeded_layer(40, 96, 32)
     x = torch.randn(5, 96, requires_grad=True)
     b = torch.randn(40, requires_grad=True)
     torch.ops.trit.linear(x, packed, scale, 32, b).square().sum().backward()
@@ -49,7 +42,7 @@ def test_gradients_flow_to_activations_and_bias() -> None:
 
 
 def test_fake_implementation_gives_shape_and_dtype() -> None:
-    packed, scale = _layer(40, 96, 32)
+    packed, scale = seeded_layer(40, 96, 32)
     with torch.device("meta"):
         y = torch.ops.trit.linear(torch.empty(2, 7, 96, dtype=torch.bfloat16), packed.to("meta"),
                                   scale.to("meta"), 32, None, True)
@@ -58,17 +51,8 @@ def test_fake_implementation_gives_shape_and_dtype() -> None:
 
 def test_torch_compile_fullgraph_on_cpu() -> None:
     """No graph break through the op (and its autograd) when traced; the GPU test runs Inductor on Triton."""
-    from trit.nn import TritLinear
-
-    layers = []
-    for n, k in [(64, 96), (96, 64)]:
-        lin = TritLinear(k, n, bias=True, group_size=32, dtype=torch.float32)
-        packed, scale = _layer(n, k, 32, seed=n)
-        lin.weight_packed.copy_(packed)
-        lin.weight_scale.copy_(scale)
-        lin.bias.data.normal_()
-        layers.append(lin)
-    model = torch.nn.Sequential(layers[0], torch.nn.SiLU(), layers[1])
+    model = trit_mlp(96, 64, 32, torch.float32)
+    layers = [model[0], model[2]]
     x = torch.randn(3, 96)
     eager = model(x)
     compiled = torch.compile(model, fullgraph=True, backend="aot_eager")  # raises on any graph break
@@ -102,7 +86,6 @@ def test_warm_up_wanted_follows_the_device_and_trit_warmup(monkeypatch) -> None:
 def test_warm_up_of_a_model_calls_the_real_op_on_every_plane() -> None:
     from transformers import AutoConfig
 
-    from trit import format as fmt
     from trit.nn import warm_up
     from trit.synthetic import random_model
 

@@ -14,7 +14,8 @@ import torch
 
 pytest.importorskip("triton")
 
-from trit import format as fmt  # noqa: E402
+from conftest import seeded_layer, trit_mlp  # noqa: E402
+
 from trit.kernels import reference  # noqa: E402
 
 INTERPRET = os.environ.get("TRITON_INTERPRET") == "1"
@@ -35,13 +36,8 @@ DTYPES = [torch.bfloat16, torch.float16]
 
 
 def layer(n: int, k: int, group: int, seed: int):
-    g = torch.Generator().manual_seed(seed)
-    k_pad = fmt.padded_k(k, group)
-    values = torch.randint(-1, 2, (n, k_pad), generator=g, dtype=torch.int8)
-    values[:, k:] = 0
-    groups = 1 if group == -1 else k_pad // group
-    scale = (torch.rand(n, groups, generator=g) * 0.02 + 0.005).half()
-    return fmt.pack(values).to(DEVICE), scale.to(DEVICE)
+    packed, scale = seeded_layer(n, k, group, seed)
+    return packed.to(DEVICE), scale.to(DEVICE)
 
 
 def inputs(m: int, k: int, n: int, dtype: torch.dtype, bias: bool, seed: int):
@@ -125,18 +121,8 @@ def test_op_chooses_and_matches(m: int) -> None:
 
 @pytest.mark.skipif(not CUDA, reason="needs a GPU")
 def test_torch_compile_fullgraph_has_no_graph_breaks() -> None:
-    from trit.nn import TritLinear
-
     torch.manual_seed(0)
-    layers = []
-    for n, k in [(256, 576), (576, 256)]:
-        lin = TritLinear(k, n, bias=True, group_size=64, dtype=torch.bfloat16, device="cuda")
-        packed, scale = layer(n, k, 64, seed=n)
-        lin.weight_packed.copy_(packed)
-        lin.weight_scale.copy_(scale)
-        lin.bias.data.normal_()
-        layers.append(lin)
-    model = torch.nn.Sequential(layers[0], torch.nn.SiLU(), layers[1])
+    model = trit_mlp(576, 256, 64, torch.bfloat16, "cuda")
     x = torch.randn(3, 576, device="cuda", dtype=torch.bfloat16)
     eager = model(x)
     compiled = torch.compile(model, fullgraph=True)  # raises on any graph break
