@@ -113,3 +113,16 @@ def test_refuses_format_version_2(trit_copy: Path) -> None:
     corrupt_config(trit_copy, format_version=2)
     with pytest.raises(fmt.FormatError, match=r"format_version: expected 1 \(this trit reads format 1 only\), found 2"):
         runtime.load(trit_copy, device="cpu")
+
+
+def test_load_warms_the_kernels_up_when_asked(tiny_llama_trit: Path, monkeypatch) -> None:
+    calls = []
+    monkeypatch.setattr(runtime, "warm_up", lambda model, dtype: calls.append(dtype))
+    monkeypatch.delenv("TRIT_WARMUP", raising=False)
+    runtime.load(tiny_llama_trit, device="cpu")  # a CPU compiles nothing: no warm-up by default
+    runtime.load(tiny_llama_trit, device="cpu", warm=False)
+    assert calls == []
+    runtime.load(tiny_llama_trit, device="cpu", warm=True)
+    monkeypatch.setenv("TRIT_WARMUP", "1")
+    runtime.load(tiny_llama_trit, device="cpu")
+    assert calls == [torch.float32, torch.float32]

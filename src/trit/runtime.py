@@ -78,8 +78,13 @@ def load(
     device: str | torch.device | None = None,
     dtype: torch.dtype | None = None,
     validate: bool = True,
+    warm: bool | None = None,
 ) -> Loaded:
-    """Load a trit (or float) checkpoint folder for inference; see the module docstring."""
+    """Load a trit (or float) checkpoint folder for inference; see the module docstring.
+
+    ``warm``: run each layer shape's kernels once now (:func:`trit.ops.warm_up`) so the first request does
+    not compile them; ``None`` follows ``TRIT_WARMUP`` (on by default on CUDA).
+    """
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
     device = torch.device(device or default_device())
@@ -96,7 +101,7 @@ def load(
     swap_linears(model, names, qcfg)
     _load_tensors(model, ckpt, qcfg, device, dtype, validate)
     _materialize_buffers(model, device)
-    if warm_up_wanted(device):  # compile the kernels now, not in the first request
+    if warm_up_wanted(device) if warm is None else warm:  # compile the kernels now, not in the first request
         warm_up(model, dtype)
     return Loaded(model.eval(), tokenizer, qcfg, ckpt)
 
