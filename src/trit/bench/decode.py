@@ -146,15 +146,16 @@ def device_peak(torch_mod) -> tuple[int | None, int | None]:
     return cuda.max_memory_reserved() + outside, cuda.max_memory_allocated()
 
 
-def plan_for(shape: str, batch: int, max_len: int, prefill_rows: int) -> int:
+def plan_for(shape: str, batch: int, max_len: int, prefill_rows: int, group: int = GROUP,
+             kv_cache_dtype: str = "auto") -> int:
     """trit plan's total for the trit model of ``shape`` (from its config alone)."""
     from trit.plan import PlanOptions, plan
 
     cfg = hf_config(shape).to_dict()
-    cfg["quantization_config"] = trit_config().to_dict()
+    cfg["quantization_config"] = {**trit_config().to_dict(), "group_size": group}
     with tempfile.TemporaryDirectory() as d:
         (Path(d) / "config.json").write_text(json.dumps(cfg))
-        return plan(d, PlanOptions(max_seq_len=max_len, batch=batch, group_size=GROUP,
+        return plan(d, PlanOptions(max_seq_len=max_len, batch=batch, group_size=group, kv_cache_dtype=kv_cache_dtype,
                                    max_batched_tokens=prefill_rows)).total
 
 
