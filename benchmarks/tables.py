@@ -83,16 +83,30 @@ def ptq() -> str:
         "| variant | WikiText-2 perplexity | x bf16 | bits per weight | time, s |",
         "|---|---|---|---|---|",
     ]
-    for r in d["rows"]:
-        lines.append(f"| {r['variant']} | {r['perplexity']:.6g} | {r['ratio_to_bf16']:.3g} | "
+    # the main run, then the heal reruns (other learning rates) as extra rows
+    heals = [r for path in sorted(RESULTS.glob("ptq_smollm2_heal_*.json"))
+             for r in json.loads(path.read_text())["rows"] if r["variant"] == "healed"]
+    healed = [r for r in d["rows"] if r["variant"] == "healed"] + heals
+    for r in [r for r in d["rows"] if r["variant"] != "healed"] + healed:
+        name = f"healed, lr {_heal_lr(r)}" if r["variant"] == "healed" else r["variant"]
+        lines.append(f"| {name} | {r['perplexity']:.6g} | {r['ratio_to_bf16']:.3g} | "
                      f"{r['bits_per_weight']:.3f} | {r['seconds']:.0f} |")
-    heal = next((r for r in d["rows"] if r["variant"] == "healed"), None)
-    if heal:
+    lines.append("")
+    for heal in healed:
         best = min(heal["heldout_kl"], key=lambda s: s[1])
-        lines += ["", f"healed: gptq-g64, then {heal['heal_steps']} heal steps in {heal['heal_seconds']:.0f} s; "
-                  f"held-out KL {heal['heldout_kl'][0][1]:.3f} at step 0, best {best[1]:.3f} at step {best[0]} "
-                  f"(written), {heal['heldout_kl'][-1][1]:.3f} at the last step."]
+        lines.append(f"- healed, lr {_heal_lr(heal)}: gptq-g64, then {heal['heal_steps']} heal steps in "
+                     f"{heal['heal_seconds']:.0f} s; held-out KL {heal['heldout_kl'][0][1]:.3f} at step 0, best "
+                     f"{best[1]:.3f} at step {best[0]} (written), {heal['heldout_kl'][-1][1]:.3f} at the last step.")
+    if heals:
+        lines += ["", "The heal reruns: " + "; ".join(
+            f"`{json.loads(p.read_text())['command']}`" for p in sorted(RESULTS.glob("ptq_smollm2_heal_*.json")))]
     return "\n".join(lines)
+
+
+def _heal_lr(row: dict) -> str:
+    """The learning rate in a healed row's equivalent trit command."""
+    words = row["command"].split()
+    return words[words.index("--lr") + 1]
 
 
 DECODE = RESULTS / "decode"
