@@ -129,10 +129,12 @@ def _weights_from_headers(folder: Path) -> dict[str, int] | None:
     return out
 
 
-def _config_group(cfg: dict, opts: PlanOptions) -> int:
-    """The group size a trit config records; ``--group-size`` for a float config."""
+def _config_quant(cfg: dict, opts: PlanOptions) -> tuple[int, int]:
+    """The group size and planes a trit config records; ``--group-size`` and one plane for a float config."""
     q = cfg.get("quantization_config") or {}
-    return q.get("group_size", opts.group_size) if q.get("quant_method") == fmt.QUANT_METHOD else opts.group_size
+    if q.get("quant_method") != fmt.QUANT_METHOD:
+        return opts.group_size, 1
+    return q.get("group_size", opts.group_size), q.get("planes", 1)
 
 
 def _weights_from_config(folder: Path, cfg: dict, opts: PlanOptions) -> dict[str, int]:
@@ -142,9 +144,7 @@ def _weights_from_config(folder: Path, cfg: dict, opts: PlanOptions) -> dict[str
     from trit.runtime import meta_model
 
     model = meta_model(folder)
-    q = cfg.get("quantization_config") or {}
-    group = _config_group(cfg, opts)
-    planes = q.get("planes", 1) if q.get("quant_method") == fmt.QUANT_METHOD else 1
+    group, planes = _config_quant(cfg, opts)
     out = {"ternary (codes, scales)": 0, "embeddings and lm_head": 0, "other high precision": 0}
     seen = set()
     for name, mod in model.named_modules():
@@ -177,7 +177,7 @@ def plan(path: str | Path, opts: PlanOptions = PlanOptions()) -> Plan:
     source = "weights from the safetensors headers"
     if weights is None:
         weights = _weights_from_config(folder, cfg, opts)
-        source = f"weights computed from config.json, group {_config_group(cfg, opts)}"
+        source = f"weights computed from config.json, group {_config_quant(cfg, opts)[0]}"
     p = Plan(weights=weights, source=source, gpu_mem=opts.gpu_mem, overhead=opts.overhead,
              max_position_embeddings=text.get("max_position_embeddings"))
     p.kv_per_token = 2 * layers * kv_heads * head_dim * _DTYPE_BYTES[opts.kv_cache_dtype]
