@@ -100,7 +100,7 @@ def load(
     names = fmt.layer_names(ckpt.tensors)
     swap_linears(model, names, qcfg)
     _load_tensors(model, ckpt, qcfg, device, dtype, validate)
-    _materialize_buffers(model, device)
+    materialize_buffers(model, device)
     if warm_up_wanted(device) if warm is None else warm:  # compile the kernels now, not in the first request
         warm_up(model, dtype)
     return Loaded(model.eval(), tokenizer, qcfg, ckpt)
@@ -154,7 +154,7 @@ def _tied_names(model: nn.Module) -> set[str]:
     return {f"{n}.weight" for n, m in model.named_modules() if m is out and out is not None}
 
 
-def _materialize_buffers(model: nn.Module, device: torch.device) -> None:
+def materialize_buffers(model: nn.Module, device: torch.device) -> None:
     """Rebuild modules whose computed (non-persistent) buffers are still on the meta device (rotary tables)."""
     for name, mod in list(model.named_modules()):
         if not any(b.is_meta for b in mod.buffers(recurse=False)):

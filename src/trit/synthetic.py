@@ -140,7 +140,7 @@ def random_model(
 
     from trit.arch import is_decoder_linear
     from trit.nn import swap_linears
-    from trit.runtime import _materialize_buffers, meta_model_from_config
+    from trit.runtime import materialize_buffers, meta_model_from_config
 
     device = torch.device(device)
     model = meta_model_from_config(config, dtype)
@@ -165,5 +165,5 @@ def random_model(
                 getattr(mod, kind)[name] = nn.Parameter(new, requires_grad=False) if kind == "_parameters" else new
     if getattr(config, "tie_word_embeddings", False):
         model.tie_weights()
-    _materialize_buffers(model, device)
+    materialize_buffers(model, device)
     return model.eval()
