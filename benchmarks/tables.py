@@ -84,8 +84,8 @@ def ptq() -> str:
         "|---|---|---|---|---|",
     ]
     # the main run, then the heal reruns (other learning rates) as extra rows
-    heals = [r for path in sorted(RESULTS.glob("ptq_smollm2_heal_*.json"))
-             for r in json.loads(path.read_text())["rows"] if r["variant"] == "healed"]
+    reruns = [json.loads(path.read_text()) for path in sorted(RESULTS.glob("ptq_smollm2_heal_*.json"))]
+    heals = [r for rerun in reruns for r in rerun["rows"] if r["variant"] == "healed"]
     healed = [r for r in d["rows"] if r["variant"] == "healed"] + heals
     for r in [r for r in d["rows"] if r["variant"] != "healed"] + healed:
         name = f"healed, lr {_heal_lr(r)}" if r["variant"] == "healed" else r["variant"]
@@ -97,9 +97,8 @@ def ptq() -> str:
         lines.append(f"- healed, lr {_heal_lr(heal)}: gptq-g64, then {heal['heal_steps']} heal steps in "
                      f"{heal['heal_seconds']:.0f} s; held-out KL {heal['heldout_kl'][0][1]:.3f} at step 0, best "
                      f"{best[1]:.3f} at step {best[0]} (written), {heal['heldout_kl'][-1][1]:.3f} at the last step.")
-    if heals:
-        lines += ["", "The heal reruns: " + "; ".join(
-            f"`{json.loads(p.read_text())['command']}`" for p in sorted(RESULTS.glob("ptq_smollm2_heal_*.json")))]
+    if reruns:
+        lines += ["", "The heal reruns: " + "; ".join(f"`{rerun['command']}`" for rerun in reruns)]
     return "\n".join(lines)
 
 
