@@ -46,10 +46,12 @@ def test_windows_from_text_spread_over_the_stream() -> None:
 
 
 @torch.no_grad()
-def test_gptq_model_is_closer_to_float_than_absmean(tiny: Path, calib_file: Path, tmp_path: Path) -> None:
+@pytest.mark.parametrize("float_target", [True, False])
+def test_gptq_model_is_closer_to_float_than_absmean(tiny: Path, calib_file: Path, tmp_path: Path,
+                                                    float_target: bool) -> None:
     calib = CalibOptions(calib_file, samples=8, seq_len=64, batch=4)
-    convert(tiny, tmp_path / "gptq", ConvertOptions(method=Method.GPTQ, group_size=32, calib=calib), progress=False,
-            log=lambda s: None)
+    opts = ConvertOptions(method=Method.GPTQ, group_size=32, calib=calib, float_target=float_target)
+    convert(tiny, tmp_path / "gptq", opts, progress=False, log=lambda s: None)
     convert(tiny, tmp_path / "absmean", ConvertOptions(group_size=32), progress=False, log=lambda s: None)
     assert audit(tmp_path / "gptq").ok
     tok = runtime.load(tiny, device="cpu").tokenizer
@@ -78,6 +80,14 @@ def test_data_free_calibration_by_default(tiny: Path, tmp_path: Path) -> None:
     code = main(["quantize", str(tiny), str(tmp_path / "out"), "--method", "gptq", "--group-size", "32",
                  "--calib-samples", "2", "--calib-seq-len", "16", "--quiet"])
     assert code == 0 and audit(tmp_path / "out").ok
+
+
+def test_float_target_flag() -> None:
+    from trit.cli import _parser
+
+    base = ["quantize", "m", "o", "--method", "gptq"]
+    assert _parser().parse_args(base).float_target
+    assert not _parser().parse_args([*base, "--no-float-target"]).float_target
 
 
 def test_missing_calibration_file_fails_cleanly(tiny: Path, tmp_path: Path, capsys: pytest.CaptureFixture) -> None:

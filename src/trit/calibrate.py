@@ -8,6 +8,9 @@ the data reaches them (q/k/v, then o, then gate/up, then down: each group sees
 inputs computed with the groups before it already quantized), and its output
 on the calibration windows becomes the next layer's input. Each linear layer's
 Hessian ``X^T X`` is summed from the inputs it sees (:mod:`trit.quant.gptq`).
+With ``float_target`` the windows also run through the float model, and each
+linear layer aims at the float layer's outputs on the float inputs
+(:func:`trit.quant.gptq.float_target_weight`).
 
 Calibration text comes from ``--calib FILE`` (windows of ``--calib-seq-len``
 tokens at evenly spaced offsets) or, by default, from the float model itself:
@@ -27,7 +30,7 @@ from tqdm.auto import tqdm
 
 from trit import format as fmt
 from trit.checkpoint import Checkpoint, CheckpointError
-from trit.quant.gptq import GptqOptions, dequantize_planes, gptq_ternary, hessian
+from trit.quant.gptq import GptqOptions, dequantize_planes, float_target_weight, gptq_ternary, hessian
 
 # the order data reaches a decoder layer's linear layers; each group shares one input
 STAGES = (("self_attn.q_proj", "self_attn.k_proj", "self_attn.v_proj"), ("self_attn.o_proj",),
@@ -124,33 +127,61 @@ def gptq_model(
         positions = torch.arange(ids.shape[1], device=device)[None]
         rope = rotary(hidden[0], positions)
         layers = model.model.layers
+        hidden_f = list(hidden) if gopts.float_target else None  # the float model's stream
         bar = tqdm(total=len(layers), desc="gptq", unit="layer", disable=not progress)
         for i, layer in enumerate(layers):
             prefix = f"model.layers.{i}"
             loader.load(model, prefix)
-            for stage in STAGES:
-                names = [f"{prefix}.{s}" for s in stage if f"{prefix}.{s}" in quantized]
-                if not names:
+            firsts = [next((f"{prefix}.{s}" for s in stage if f"{prefix}.{s}" in quantized), None) for stage in STAGES]
+            float_inputs = {}
+            if hidden_f is not None:
+                float_inputs, hidden_f = _float_inputs(layer, model, [f for f in firsts if f], hidden_f, rope, positions)
+            for stage, first in zip(STAGES, firsts):
+                if first is None:
                     continue
-                h = _stage_hessian(layer, model.get_submodule(names[0]), hidden, rope, positions)
-                for name in names:
+                h, cross = _stage_stats(layer, model.get_submodule(first), hidden, rope, positions,
+                                        float_inputs.get(first))
+                for name in (f"{prefix}.{s}" for s in stage if f"{prefix}.{s}" in quantized):
                     bar.set_postfix_str(name, refresh=False)
-                    lin = model.get_submodule(name)
-                    results[name] = _quantize_linear(lin, h, gopts)
-            hidden = [layer(x, attention_mask=None, position_ids=positions, position_embeddings=rope) for x in hidden]
-            hidden = [x[0] if isinstance(x, tuple) else x for x in hidden]
+                    results[name] = _quantize_linear(model.get_submodule(name), h, gopts, cross)
+            hidden = _run_layer(layer, hidden, rope, positions)
             layer.to("meta")
             bar.update(1)
         bar.close()
     return results
 
 
-def _stage_hessian(layer: nn.Module, first: nn.Linear, hidden, rope, positions) -> torch.Tensor:
-    """``X^T X`` of the inputs ``first`` sees when the calibration windows run through ``layer``."""
-    h = torch.zeros(first.in_features, first.in_features, dtype=torch.float64, device=first.weight.device)
+def _run_layer(layer: nn.Module, hidden: list[torch.Tensor], rope, positions) -> list[torch.Tensor]:
+    out = [layer(x, attention_mask=None, position_ids=positions, position_embeddings=rope) for x in hidden]
+    return [x[0] if isinstance(x, tuple) else x for x in out]
+
+
+def _float_inputs(layer: nn.Module, model: nn.Module, firsts: list[str], hidden, rope, positions):
+    """The float stream through a still-float ``layer``: each named linear's inputs per batch, and the layer's output."""
+    seen: dict[str, list[torch.Tensor]] = {name: [] for name in firsts}
+    handles = [model.get_submodule(name).register_forward_pre_hook(lambda m, args, name=name: seen[name].append(args[0]))
+               for name in firsts]
+    try:
+        out = _run_layer(layer, hidden, rope, positions)
+    finally:
+        for handle in handles:
+            handle.remove()
+    return seen, out
+
+
+def _stage_stats(layer: nn.Module, first: nn.Linear, hidden, rope, positions, float_inputs=None):
+    """``H = X^T X`` of the inputs ``first`` sees when the calibration windows run through ``layer``, and with
+    ``float_inputs`` (the float stream's inputs, batch by batch) the cross term ``R = X_f^T X``; else None."""
+    k = first.in_features
+    h = torch.zeros(k, k, dtype=torch.float64, device=first.weight.device)
+    cross = torch.zeros_like(h) if float_inputs is not None else None
+    batch = iter(float_inputs or ())
 
     def hook(module, args):
         h.add_(hessian(args[0]))
+        if cross is not None:
+            xq = args[0].reshape(-1, k).double()
+            cross.add_(next(batch).reshape(-1, k).double().T @ xq)
 
     handle = first.register_forward_pre_hook(hook)
     try:
@@ -158,16 +189,23 @@ def _stage_hessian(layer: nn.Module, first: nn.Linear, hidden, rope, positions) 
             layer(x, attention_mask=None, position_ids=positions, position_embeddings=rope)
     finally:
         handle.remove()
-    return h.float()
+    return h.float(), (cross.float() if cross is not None else None)
 
 
-def _quantize_linear(lin: nn.Linear, h: torch.Tensor, gopts: GptqOptions) -> tuple[torch.Tensor, torch.Tensor]:
-    """GPTQ one linear layer (K padded to whole groups), and put its dequantized weight back in place."""
+def _quantize_linear(lin: nn.Linear, h: torch.Tensor, gopts: GptqOptions, cross: torch.Tensor | None = None):
+    """GPTQ one linear layer (K padded to whole groups), and put its dequantized weight back in place.
+
+    Returns codes ``(P, N, K_pad)`` int8 and scales ``(P, N, G)`` f32, on the CPU.
+    """
     n, k = lin.weight.shape
     k_pad = fmt.padded_k(k, gopts.group_size)
     w = fmt.pad_k(lin.weight.float(), k_pad)
     hp = torch.zeros(k_pad, k_pad, device=h.device)
     hp[:k, :k] = h
+    if cross is not None:
+        cp = torch.zeros_like(hp)
+        cp[:k, :k] = cross
+        w = float_target_weight(w, hp, cp, gopts.damp)
     codes, scales = gptq_ternary(w, hp, gopts)
     lin.weight.copy_(dequantize_planes(codes, scales)[:, :k].to(lin.weight.dtype))
     return codes.cpu(), scales.cpu()

@@ -104,6 +104,10 @@ def _parser() -> argparse.ArgumentParser:
     q.add_argument("--calib-seq-len", type=int, default=512, help="gptq: tokens per window")
     q.add_argument("--act-order", action="store_true", help="gptq: columns by decreasing Hessian diagonal")
     q.add_argument("--damp", type=float, default=0.01, help="gptq: damping, a fraction of mean(diag(H))")
+    q.add_argument("--float-target", action=argparse.BooleanOptionalAction, default=True,
+                   help="gptq: aim each layer at the float model's outputs on float inputs, running the calibration "
+                        "windows through the float model too (default); --no-float-target: at the float weight on "
+                        "the quantized inputs, as plain GPTQ does")
     q.add_argument("--device", default="cpu", help="where the quantizer runs (cpu, cuda)")
     q.add_argument("--overwrite", action="store_true", help="replace a non-empty OUT_DIR")
     q.add_argument("--quiet", action="store_true", help="no progress bar")
@@ -125,6 +129,7 @@ def _parser() -> argparse.ArgumentParser:
     h.add_argument("--data", type=Path, default=None, help="training text (default: sequences the teacher samples)")
     h.add_argument("--train-samples", type=int, default=256)
     h.add_argument("--heldout-samples", type=int, default=16)
+    h.add_argument("--sample-batch", type=int, default=64, help="data-free: sequences the teacher samples at once")
     h.add_argument("--eval-every", type=int, default=25)
     h.add_argument("--device", default=None, help="cpu or cuda (default: cuda if present)")
     h.add_argument("--overwrite", action="store_true", help="replace a non-empty OUT_DIR")
@@ -192,7 +197,7 @@ def _dispatch(args: argparse.Namespace) -> int:
             pad_policy=fmt.PadPolicy(args.pad), scale_dtype=fmt.ScaleDtype(args.scale_dtype),
             overwrite=args.overwrite, device=args.device, planes=args.planes,
             calib=CalibOptions(args.calib, args.calib_samples, args.calib_seq_len),
-            act_order=args.act_order, damp=args.damp,
+            act_order=args.act_order, damp=args.damp, float_target=args.float_target,
         )
         return quantize(args.model_dir, args.out_dir, opts, args.quiet)
     if args.command == "import":
@@ -201,7 +206,7 @@ def _dispatch(args: argparse.Namespace) -> int:
         from trit.heal import HealOptions, heal
 
         opts = HealOptions(args.steps, args.lr, args.batch, args.seq_len, args.data, args.train_samples,
-                           args.heldout_samples, args.eval_every, args.device)
+                           args.heldout_samples, args.eval_every, args.device, sample_batch=args.sample_batch)
         heal(args.ckpt, args.teacher, args.out_dir, opts, overwrite=args.overwrite, progress=not args.quiet)
         return 0
     if args.command == "generate":

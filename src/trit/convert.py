@@ -64,6 +64,7 @@ class ConvertOptions:
     calib: CalibOptions = CalibOptions()  # gptq: calibration data
     act_order: bool = False  # gptq: columns in order of decreasing Hessian diagonal
     damp: float = 0.01  # gptq: diagonal damping, a fraction of mean(diag(H))
+    float_target: bool = True  # gptq: aim each layer at the float model's outputs (two calibration streams)
 
 
 @dataclass(frozen=True)
@@ -267,7 +268,7 @@ def convert(
         from trit.calibrate import gptq_model
         from trit.quant.gptq import GptqOptions
 
-        gopts = GptqOptions(opts.group_size, opts.planes, opts.damp, opts.act_order)
+        gopts = GptqOptions(opts.group_size, opts.planes, opts.damp, opts.act_order, float_target=opts.float_target)
         todo = {m for m, r in plan.items() if r.action != "kept"}
         precomputed = gptq_model(ckpt, todo, gopts, opts.calib, opts.device, progress)
 

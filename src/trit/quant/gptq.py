@@ -36,6 +36,7 @@ class GptqOptions:
     act_order: bool = False
     block_size: int = 128
     refit: bool = True  # least-squares scales for the final codes under H
+    float_target: bool = True  # calibration: aim at the float model's outputs, not the weight on quantized inputs
 
 
 def fit_grid(w: torch.Tensor, planes: int) -> torch.Tensor:
@@ -147,6 +148,20 @@ def refit_scales(
     return codes, out.abs()
 
 
+def float_target_weight(weight: torch.Tensor, h: torch.Tensor, cross: torch.Tensor, damp: float) -> torch.Tensor:
+    """The weight whose outputs on the quantized inputs best match the float layer's outputs on the float inputs.
+
+    Calibration rows run through the quantized layers before this one (inputs ``X_q``) and through the float
+    model (inputs ``X_f``). The quantized weight should reproduce ``W X_f``, not ``W X_q``:
+    ``||X_f W^T - X_q Q^T||^2 = tr((W' - Q) H (W' - Q)^T) + const`` with ``W' = W R H^-1``, ``H = X_q^T X_q`` and
+    ``R = X_f^T X_q`` (``cross``). So GPTQ on ``W'`` with the same ``H`` aims at the float outputs (the
+    asymmetric calibration of GPTAQ, Li et al. 2025). ``H`` is damped as GPTQ damps it.
+    """
+    h = h.float()
+    hd = h + damp * h.diagonal().mean().clamp(min=1e-8) * torch.eye(h.shape[0], device=h.device)
+    return torch.linalg.solve(hd, (weight.float() @ cross.float()).T).T  # W R H^-1, H symmetric
+
+
 def output_error(weight: torch.Tensor, q: torch.Tensor, h: torch.Tensor) -> float:
     """``tr((W - Q) H (W - Q)^T)``: the squared output error summed over the calibration inputs."""
     d = (weight - q).double()
@@ -166,4 +181,5 @@ def dequantize_planes(codes: torch.Tensor, scales: torch.Tensor) -> torch.Tensor
     return (codes.float().view(p, n, k // g, g) * scales[..., None]).sum(0).view(n, k)
 
 
-__all__ = ["GptqOptions", "gptq_ternary", "output_error", "hessian", "dequantize_planes", "round_to_grid"]
+__all__ = ["GptqOptions", "gptq_ternary", "float_target_weight", "output_error", "hessian", "dequantize_planes",
+           "round_to_grid"]
