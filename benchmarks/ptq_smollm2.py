@@ -28,13 +28,14 @@ import torch
 REPO = Path(__file__).resolve().parents[1]
 WIKITEXT = REPO.parent / "shared" / "data" / "wikitext-2-raw-test.txt"
 CALIB = {"samples": 32, "seq_len": 512}
-VARIANTS = {  # name: (method, group, planes, act_order); "bf16" and "healed" are special
+VARIANTS = {  # name: (method, group, planes, act_order, float_target); "bf16" and "healed" are special
     "bf16": None,
-    "absmean-g64": ("absmean", 64, 1, False),
-    "twn-g64": ("twn", 64, 1, False),
-    "gptq-g64": ("gptq", 64, 1, True),
-    "gptq-row": ("gptq", -1, 1, True),
-    "gptq-2planes-g64": ("gptq", 64, 2, True),
+    "absmean-g64": ("absmean", 64, 1, False, False),
+    "twn-g64": ("twn", 64, 1, False, False),
+    "gptq-g64": ("gptq", 64, 1, True, False),
+    "gptq-g64-float-target": ("gptq", 64, 1, True, True),
+    "gptq-row": ("gptq", -1, 1, True, False),
+    "gptq-2planes-g64": ("gptq", 64, 2, True, False),
     "healed": None,  # gptq-g64, then trit heal
 }
 
@@ -47,6 +48,11 @@ def main() -> int:
     ap.add_argument("--float", type=Path, default=None, help="the bf16 checkpoint (default: made from the GGUF)")
     ap.add_argument("--heal-steps", type=int, default=200)
     ap.add_argument("--heal-lr", type=float, default=2e-4)
+    ap.add_argument("--heal-batch", type=int, default=8)
+    ap.add_argument("--heal-base", default="gptq-g64", help="the one-plane variant the heal starts from")
+    ap.add_argument("--heal-data", choices=["text", "teacher"], default="text",
+                    help="text: windows of the calibration half; teacher: sequences the float model samples")
+    ap.add_argument("--heal-samples", type=int, default=256, help="training windows (or sampled sequences)")
     ap.add_argument("--text", type=Path, default=WIKITEXT, help="the WikiText-2 test file")
     ap.add_argument("--calib-samples", type=int, default=CALIB["samples"])
     ap.add_argument("--calib-seq-len", type=int, default=CALIB["seq_len"])
@@ -98,27 +104,33 @@ def main() -> int:
     for name in wanted:
         if name == "bf16":
             continue
-        base = "gptq-g64" if name == "healed" else name
-        method, group, planes, act_order = VARIANTS[base]
+        base = args.heal_base if name == "healed" else name
+        method, group, planes, act_order, float_target = VARIANTS[base]
         if base not in times:
             start = time.perf_counter()
             opts = ConvertOptions(method=Method(method), group_size=group, planes=planes, act_order=act_order,
+                                  float_target=float_target,
                                   calib=calib, device=args.device)
             convert(src, work / base, opts, progress=False)
             times[base] = time.perf_counter() - start
         command = (f"trit quantize MODEL OUT --method {method} --group-size {group} --planes {planes}"
                    + (" --act-order" if act_order else "")
+                   + ((" --float-target" if float_target else " --no-float-target") if method == "gptq" else "")
                    + (f" --calib CALIB --calib-samples {CALIB['samples']} --calib-seq-len {CALIB['seq_len']}"
                       if method == "gptq" else ""))
         bits = audit(work / base, values=False).bits_per_weight
         if name != "healed":
             record(name, work / base, command, times[base], bits)
             continue
-        hopts = HealOptions(steps=args.heal_steps, lr=args.heal_lr, data=calib_file, device=args.device)
+        hopts = HealOptions(steps=args.heal_steps, lr=args.heal_lr, batch=args.heal_batch, device=args.device,
+                            data=calib_file if args.heal_data == "text" else None, train_samples=args.heal_samples)
         start = time.perf_counter()
         report = heal(work / base, src, work / name, hopts, progress=False)
-        record(name, work / name, f"{command}; trit heal OUT HEALED --teacher MODEL --data CALIB "
-               f"--steps {args.heal_steps} --lr {args.heal_lr}", time.perf_counter() - start, bits,
+        check_disjoint(report.train_windows, eval_tokens, "heal training windows")
+        data = "--data CALIB " if args.heal_data == "text" else ""
+        record(name, work / name, f"{command}; trit heal OUT HEALED --teacher MODEL {data}--steps {args.heal_steps} "
+               f"--lr {args.heal_lr} --batch {args.heal_batch} --train-samples {args.heal_samples}",
+               time.perf_counter() - start, bits,
                heal_steps=report.steps, heal_seconds=report.seconds, heldout_kl=report.heldout)
     bf16 = next((r["perplexity"] for r in rows if r["variant"] == "bf16"), None)
     for r in rows:

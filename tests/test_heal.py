@@ -31,6 +31,7 @@ def test_heal_lowers_heldout_loss_and_writes_the_best(pair, tmp_path: Path) -> N
     report = heal(ckpt, teacher, tmp_path / "healed", OPTS, progress=False, log=lambda s: None)
     start, (best_step, best) = report.heldout[0][1], report.best
     assert best < 0.9 * start and best_step > 0
+    assert report.train_windows.shape == (16, 32)  # sampled by the teacher, all at once (sample_batch 64)
     assert audit(tmp_path / "healed").ok
     # the written checkpoint is the best student: its held-out KL is the one reported
     healed = runtime.load(tmp_path / "healed", device="cpu")
@@ -60,6 +61,7 @@ def test_heal_from_text(pair, tmp_path: Path) -> None:
                        eval_every=2, device="cpu")
     report = heal(ckpt, teacher, tmp_path / "healed", opts, progress=False, log=lambda s: None)
     assert [s for s, _ in report.heldout] == [0, 2, 4]
+    assert report.train_windows.shape == (8, 32)
 
 
 def test_heal_refuses_a_float_checkpoint(pair, tmp_path: Path) -> None:

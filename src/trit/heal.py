@@ -53,6 +53,7 @@ class HealOptions:
     device: str | None = None
     seed: int = 0
     grad_checkpointing: bool = True
+    sample_batch: int = 64  # sequences the teacher samples at once (data-free training text)
 
 
 @dataclass
@@ -61,6 +62,7 @@ class HealReport:
     steps: int = 0
     seconds: float = 0.0
     heldout: list[tuple[int, float]] = field(default_factory=list)  # (step, held-out KL)
+    train_windows: torch.Tensor | None = None  # (S, T) the token windows trained on, for overlap checks
 
     @property
     def best(self) -> tuple[int, float]:
@@ -139,7 +141,7 @@ def _sequences(teacher, tokenizer, opts: HealOptions) -> tuple[torch.Tensor, tor
         cut = int(ids.numel() * opts.train_samples / total)  # held-out windows come from the text's tail
         return (windows_from_text(ids[:cut], opts.train_samples, opts.seq_len),
                 windows_from_text(ids[cut:], opts.heldout_samples, opts.seq_len))
-    seqs = sample_from_model(teacher, tokenizer, total, opts.seq_len, opts.seed, opts.batch)
+    seqs = sample_from_model(teacher, tokenizer, total, opts.seq_len, opts.seed, opts.sample_batch)
     return seqs[: opts.train_samples], seqs[opts.train_samples:]
 
 
@@ -197,7 +199,7 @@ def heal(
     warmup = max(1, opts.steps // 20)  # linear warm-up over 5% of the steps, then cosine down to 10%
     sched = torch.optim.lr_scheduler.LambdaLR(optim, lambda s: min(1.0, (s + 1) / warmup) * (
         0.55 + 0.45 * math.cos(math.pi * min(1.0, s / max(1, opts.steps)))))
-    report = HealReport(out)
+    report = HealReport(out, train_windows=train.cpu())
     report.heldout.append((0, _heldout_kl(student, teacher_heldout, heldout, opts.batch, amp)))
     best_state = copy.deepcopy({k: v.detach().cpu() for k, v in student.state_dict().items()})
     start = time.perf_counter()
