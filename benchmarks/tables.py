@@ -78,34 +78,42 @@ def ptq() -> str:
     d = json.loads((RESULTS / "ptq_smollm2_h200.json").read_text())
     lines = [
         f"{d['model']}; {d['eval']}; calibration: {d['calibration']}. On one {d['device']} "
-        f"(`{d['command']}`):",
+        f"(`{d['command']}`), then later runs on the same GPU (each row's file and command below):",
         "",
-        "| variant | WikiText-2 perplexity | x bf16 | bits per weight | time, s |",
-        "|---|---|---|---|---|",
+        "| variant | calibration windows | WikiText-2 perplexity | x bf16 | bits per weight | time, s |",
+        "|---|---|---|---|---|---|",
     ]
-    # the main run, then the heal reruns (other learning rates) as extra rows
-    reruns = [json.loads(path.read_text()) for path in sorted(RESULTS.glob("ptq_smollm2_heal_*.json"))]
-    heals = [r for rerun in reruns for r in rerun["rows"] if r["variant"] == "healed"]
-    healed = [r for r in d["rows"] if r["variant"] == "healed"] + heals
-    for r in [r for r in d["rows"] if r["variant"] != "healed"] + healed:
-        name = f"healed, lr {_heal_lr(r)}" if r["variant"] == "healed" else r["variant"]
-        lines.append(f"| {name} | {r['perplexity']:.6g} | {r['ratio_to_bf16']:.3g} | "
-                     f"{r['bits_per_weight']:.3f} | {r['seconds']:.0f} |")
+    # the main run, then each later run (other calibration sizes, heal settings) without its bf16 row
+    later = [(path, json.loads(path.read_text())) for path in sorted(RESULTS.glob("ptq_smollm2_*_h200.json"))]
+    rows = d["rows"] + [r for _, run in later for r in run["rows"] if r["variant"] != "bf16"]
+    bf16 = next(r["perplexity"] for r in d["rows"] if r["variant"] == "bf16")  # same model and windows in every run
+    for r in rows:
+        lines.append(f"| {_ptq_name(r)} | {_flag(r, '--calib-samples') or '-'} | {r['perplexity']:.6g} | "
+                     f"{r['perplexity'] / bf16:.3g} | {r['bits_per_weight']:.3f} | {r['seconds']:.0f} |")
     lines.append("")
-    for heal in healed:
+    for heal in (r for r in rows if r["variant"] == "healed"):
         best = min(heal["heldout_kl"], key=lambda s: s[1])
-        lines.append(f"- healed, lr {_heal_lr(heal)}: gptq-g64, then {heal['heal_steps']} heal steps in "
-                     f"{heal['heal_seconds']:.0f} s; held-out KL {heal['heldout_kl'][0][1]:.3f} at step 0, best "
-                     f"{best[1]:.3f} at step {best[0]} (written), {heal['heldout_kl'][-1][1]:.3f} at the last step.")
-    if reruns:
-        lines += ["", "The heal reruns: " + "; ".join(f"`{rerun['command']}`" for rerun in reruns)]
+        lines.append(f"- {_ptq_name(heal)}: {heal['heal_steps']} heal steps in {heal['heal_seconds']:.0f} s; held-out "
+                     f"KL {heal['heldout_kl'][0][1]:.3f} at step 0, best {best[1]:.3f} at step {best[0]} (written), "
+                     f"{heal['heldout_kl'][-1][1]:.3f} at the last step.")
+    lines += ["", "Later runs: " + "; ".join(f"{path.name}: `{run['command']}`" for path, run in later)]
     return "\n".join(lines)
 
 
-def _heal_lr(row: dict) -> str:
-    """The learning rate in a healed row's equivalent trit command."""
-    words = row["command"].split()
-    return words[words.index("--lr") + 1]
+def _flag(row: dict, flag: str, part: int = 0) -> str | None:
+    """A flag's value in part ``part`` (0: quantize, 1: heal) of a row's equivalent trit command."""
+    parts = row["command"].split(";")
+    words = parts[part].split() if part < len(parts) else []
+    return words[words.index(flag) + 1] if flag in words else None
+
+
+def _ptq_name(row: dict) -> str:
+    if row["variant"] != "healed":
+        return row["variant"]
+    quantize, heal = row["command"].split(";")
+    base = "gptq-g64" + ("-float-target" if "--float-target" in quantize.split() else "")
+    data = "text" if "--data" in heal.split() else "teacher-sampled"
+    return f"healed ({base}; {data} data, batch {_flag(row, '--batch', 1) or 8}, lr {_flag(row, '--lr', 1)})"
 
 
 DECODE = RESULTS / "decode"
