@@ -192,7 +192,9 @@ def _stage_stats(layer: nn.Module, first: nn.Linear, hidden, rope, positions, fl
     return h.float(), (cross.float() if cross is not None else None)
 
 
-def _quantize_linear(lin: nn.Linear, h: torch.Tensor, gopts: GptqOptions, cross: torch.Tensor | None = None):
+def _quantize_linear(
+    lin: nn.Linear, h: torch.Tensor, gopts: GptqOptions, cross: torch.Tensor | None = None
+) -> tuple[torch.Tensor, torch.Tensor]:
     """GPTQ one linear layer (K padded to whole groups), and put its dequantized weight back in place.
 
     Returns codes ``(P, N, K_pad)`` int8 and scales ``(P, N, G)`` f32, on the CPU.
