@@ -63,7 +63,8 @@ def test_gptq_model_is_closer_to_float_than_absmean(tiny: Path, calib_file: Path
 def test_two_planes_load_audit_and_beat_one(tiny: Path, calib_file: Path, tmp_path: Path) -> None:
     calib = CalibOptions(calib_file, samples=8, seq_len=64, batch=4)
     for planes in (1, 2):
-        opts = ConvertOptions(method=Method.GPTQ, group_size=32, calib=calib, planes=planes, act_order=True)
+        opts = ConvertOptions(method=Method.GPTQ, group_size=32, calib=calib, planes=planes, act_order=True,
+                              float_target=False)  # the same recipe for both (plain GPTQ)
         convert(tiny, tmp_path / f"p{planes}", opts, progress=False, log=lambda s: None)
     q = json.loads((tmp_path / "p2" / "config.json").read_text())["quantization_config"]
     assert q["planes"] == 2 and q["method"] == "gptq"
@@ -86,8 +87,27 @@ def test_float_target_flag() -> None:
     from trit.cli import _parser
 
     base = ["quantize", "m", "o", "--method", "gptq"]
-    assert _parser().parse_args(base).float_target
-    assert not _parser().parse_args([*base, "--no-float-target"]).float_target
+    assert _parser().parse_args(base).float_target is None  # the converter decides by the number of planes
+    assert _parser().parse_args([*base, "--float-target"]).float_target is True
+    assert _parser().parse_args([*base, "--no-float-target"]).float_target is False
+
+
+@pytest.mark.parametrize(("planes", "want"), [(1, True), (2, False)])
+def test_float_target_default_follows_planes(tiny: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
+                                             planes: int, want: bool) -> None:
+    import trit.calibrate
+
+    class Seen(Exception):
+        pass
+
+    def spy(ckpt, todo, gopts, *args, **kwargs):
+        raise Seen(gopts.float_target)
+
+    monkeypatch.setattr(trit.calibrate, "gptq_model", spy)
+    with pytest.raises(Seen) as seen:
+        convert(tiny, tmp_path / "out", ConvertOptions(method=Method.GPTQ, group_size=32, planes=planes),
+                progress=False, log=lambda s: None)
+    assert seen.value.args == (want,) and not (tmp_path / "out").exists()
 
 
 def test_missing_calibration_file_fails_cleanly(tiny: Path, tmp_path: Path, capsys: pytest.CaptureFixture) -> None:

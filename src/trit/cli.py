@@ -104,10 +104,10 @@ def _parser() -> argparse.ArgumentParser:
     q.add_argument("--calib-seq-len", type=int, default=512, help="gptq: tokens per window")
     q.add_argument("--act-order", action="store_true", help="gptq: columns by decreasing Hessian diagonal")
     q.add_argument("--damp", type=float, default=0.01, help="gptq: damping, a fraction of mean(diag(H))")
-    q.add_argument("--float-target", action=argparse.BooleanOptionalAction, default=True,
+    q.add_argument("--float-target", action=argparse.BooleanOptionalAction, default=None,
                    help="gptq: aim each layer at the float model's outputs on float inputs, running the calibration "
-                        "windows through the float model too (default); --no-float-target: at the float weight on "
-                        "the quantized inputs, as plain GPTQ does")
+                        "windows through the float model too (default for one plane); --no-float-target: at the "
+                        "float weight on the quantized inputs, as plain GPTQ does (default for two planes)")
     q.add_argument("--device", default="cpu", help="where the quantizer runs (cpu, cuda)")
     q.add_argument("--overwrite", action="store_true", help="replace a non-empty OUT_DIR")
     q.add_argument("--quiet", action="store_true", help="no progress bar")

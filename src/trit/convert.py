@@ -64,7 +64,9 @@ class ConvertOptions:
     calib: CalibOptions = CalibOptions()  # gptq: calibration data
     act_order: bool = False  # gptq: columns in order of decreasing Hessian diagonal
     damp: float = 0.01  # gptq: diagonal damping, a fraction of mean(diag(H))
-    float_target: bool = True  # gptq: aim each layer at the float model's outputs (two calibration streams)
+    # gptq: aim each layer at the float model's outputs (two calibration streams); None: for one plane only,
+    # where it measured better (benchmarks/results/ptq-experiments/ has the one- and two-plane pairs)
+    float_target: bool | None = None
 
 
 @dataclass(frozen=True)
@@ -268,7 +270,8 @@ def convert(
         from trit.calibrate import gptq_model
         from trit.quant.gptq import GptqOptions
 
-        gopts = GptqOptions(opts.group_size, opts.planes, opts.damp, opts.act_order, float_target=opts.float_target)
+        float_target = opts.planes == 1 if opts.float_target is None else opts.float_target
+        gopts = GptqOptions(opts.group_size, opts.planes, opts.damp, opts.act_order, float_target=float_target)
         todo = {m for m, r in plan.items() if r.action != "kept"}
         precomputed = gptq_model(ckpt, todo, gopts, opts.calib, opts.device, progress)
 
