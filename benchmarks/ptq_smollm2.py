@@ -54,6 +54,7 @@ def main() -> int:
     ap.add_argument("--heal-data", choices=["text", "teacher"], default="text",
                     help="text: windows of the calibration half; teacher: sequences the float model samples")
     ap.add_argument("--heal-samples", type=int, default=256, help="training windows (or sampled sequences)")
+    ap.add_argument("--heal-freeze-codes", action="store_true", help="heal trains the scales and norms only")
     ap.add_argument("--text", type=Path, default=WIKITEXT, help="the WikiText-2 test file")
     ap.add_argument("--calib-samples", type=int, default=CALIB["samples"])
     ap.add_argument("--calib-seq-len", type=int, default=CALIB["seq_len"])
@@ -124,13 +125,15 @@ def main() -> int:
             record(name, work / base, command, times[base], bits)
             continue
         hopts = HealOptions(steps=args.heal_steps, lr=args.heal_lr, batch=args.heal_batch, device=args.device,
-                            data=calib_file if args.heal_data == "text" else None, train_samples=args.heal_samples)
+                            data=calib_file if args.heal_data == "text" else None, train_samples=args.heal_samples,
+                            freeze_codes=args.heal_freeze_codes)
         start = time.perf_counter()
         report = heal(work / base, src, work / name, hopts, progress=False)
         check_disjoint(report.train_windows, eval_tokens, "heal training windows")
         data = "--data CALIB " if args.heal_data == "text" else ""
         record(name, work / name, f"{command}; trit heal OUT HEALED --teacher MODEL {data}--steps {args.heal_steps} "
-               f"--lr {args.heal_lr} --batch {args.heal_batch} --train-samples {args.heal_samples}",
+               f"--lr {args.heal_lr} --batch {args.heal_batch} --train-samples {args.heal_samples}"
+               + (" --freeze-codes" if args.heal_freeze_codes else ""),
                time.perf_counter() - start, bits,
                heal_steps=report.steps, heal_seconds=report.seconds, heldout_kl=report.heldout)
     bf16 = next((r["perplexity"] for r in rows if r["variant"] == "bf16"), None)

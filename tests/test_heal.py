@@ -64,6 +64,21 @@ def test_heal_from_text(pair, tmp_path: Path) -> None:
     assert report.train_windows.shape == (8, 32)
 
 
+def test_freeze_codes_trains_scales_only(pair, tmp_path: Path) -> None:
+    import dataclasses
+
+    teacher, ckpt = pair
+    report = heal(ckpt, teacher, tmp_path / "healed", dataclasses.replace(OPTS, freeze_codes=True), progress=False,
+                  log=lambda s: None)
+    assert report.best[1] < report.heldout[0][1]
+    before, after = runtime.load(ckpt, device="cpu").model, runtime.load(tmp_path / "healed", device="cpu").model
+    for (name, a), b in zip(before.named_buffers(), after.buffers()):
+        if name.endswith("weight_packed"):
+            assert torch.equal(a, b), name  # every code as it was
+    assert any(not torch.equal(a, b) for (name, a), b in zip(before.named_buffers(), after.buffers())
+               if name.endswith("weight_scale"))
+
+
 def test_heal_refuses_a_float_checkpoint(pair, tmp_path: Path) -> None:
     from trit.convert import ConvertError
 

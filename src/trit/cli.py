@@ -130,6 +130,7 @@ def _parser() -> argparse.ArgumentParser:
     h.add_argument("--train-samples", type=int, default=256)
     h.add_argument("--heldout-samples", type=int, default=16)
     h.add_argument("--sample-batch", type=int, default=64, help="data-free: sequences the teacher samples at once")
+    h.add_argument("--freeze-codes", action="store_true", help="train the scales and norms only; the codes stay")
     h.add_argument("--eval-every", type=int, default=25)
     h.add_argument("--device", default=None, help="cpu or cuda (default: cuda if present)")
     h.add_argument("--overwrite", action="store_true", help="replace a non-empty OUT_DIR")
@@ -206,7 +207,8 @@ def _dispatch(args: argparse.Namespace) -> int:
         from trit.heal import HealOptions, heal
 
         opts = HealOptions(args.steps, args.lr, args.batch, args.seq_len, args.data, args.train_samples,
-                           args.heldout_samples, args.eval_every, args.device, sample_batch=args.sample_batch)
+                           args.heldout_samples, args.eval_every, args.device, sample_batch=args.sample_batch,
+                           freeze_codes=args.freeze_codes)
         heal(args.ckpt, args.teacher, args.out_dir, opts, overwrite=args.overwrite, progress=not args.quiet)
         return 0
     if args.command == "generate":

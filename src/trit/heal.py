@@ -16,7 +16,9 @@ scale dtype and layout), through the converter's atomic writer. AdamW, linear
 warm-up over the first 5% of the steps, then a cosine down to 10% of ``lr``.
 
 Embeddings and ``lm_head`` stay frozen; the ternary layers (weights and
-scales) and the norms train. bf16 autocast on CUDA, gradient checkpointing.
+scales) and the norms train, or, with ``freeze_codes``, the scales and norms
+only (every code stays, as in the scale-only phase of EfficientQAT). bf16
+autocast on CUDA, gradient checkpointing.
 """
 
 from __future__ import annotations
@@ -54,6 +56,7 @@ class HealOptions:
     seed: int = 0
     grad_checkpointing: bool = True
     sample_batch: int = 64  # sequences the teacher samples at once (data-free training text)
+    freeze_codes: bool = False  # train the scales and norms only; every ternary code stays as it is
 
 
 @dataclass
@@ -86,10 +89,18 @@ class QATLinear(nn.Module):
         self.scale = nn.Parameter(layer.weight_scale.float().clone())  # (N, G)
         self.bias = layer.bias
         self.scale_dtype = layer.weight_scale.dtype
+        self.frozen: torch.Tensor | None = None  # (N, G, g) fixed codes once freeze() is called
+
+    def freeze(self) -> None:
+        """Fix the codes: from now on only the scales learn, with the codes as constants (``d(t a)/da = t``)."""
+        self.frozen = self.codes()[0].detach()
+        self.weight.requires_grad_(False)
 
     def codes(self) -> tuple[torch.Tensor, torch.Tensor]:  # (N, G, g) in {-1, 0, 1} float, scales (N, G, 1)
         n, k_pad = self.weight.shape
         a = self.scale.abs().clamp(min=1e-8)[:, :, None]
+        if self.frozen is not None:
+            return self.frozen, a
         r = self.weight.view(n, a.shape[1], -1) / a
         t = torch.clamp(r + (torch.round(r) - r).detach(), -1, 1)  # straight-through rounding
         return t, a
@@ -187,7 +198,10 @@ def heal(
     student = loaded.model
     qat = _swap_in_qat(student)
     student.requires_grad_(False)
-    trainable = [p for m in qat.values() for p in (m.weight, m.scale)]
+    if opts.freeze_codes:
+        for m in qat.values():
+            m.freeze()
+    trainable = [p for m in qat.values() for p in ((m.scale,) if opts.freeze_codes else (m.weight, m.scale))]
     trainable += [p for n, p in student.named_parameters() if "norm" in n]
     for p in trainable:
         p.requires_grad_(True)
