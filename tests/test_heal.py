@@ -53,6 +53,22 @@ def test_heal_starts_exactly_at_the_checkpoint(pair) -> None:
     torch.testing.assert_close(after, before, rtol=1e-5, atol=1e-5)
 
 
+def test_scales_learn_from_the_start(pair) -> None:
+    """On the grid, a scale's gradient is that of ``t * a`` with the codes ``t`` as constants, not zero."""
+    from trit.heal import QATLinear
+
+    _, ckpt = pair
+    layer = QATLinear(runtime.load(ckpt, device="cpu").model.model.layers[0].mlp.up_proj)
+    x = torch.randn(5, layer.in_features)
+    upstream = torch.randn(5, layer.out_features)
+    (layer(x) * upstream).sum().backward()
+    t, _ = layer.codes()
+    dq = (upstream.T @ x)  # dL/dQ, (N, K)
+    want = (dq.view(t.shape) * t.detach()).sum(-1)  # (N, G)
+    torch.testing.assert_close(layer.scale.grad, want, rtol=1e-4, atol=1e-6)
+    assert want.abs().max() > 0
+
+
 def test_heal_from_text(pair, tmp_path: Path) -> None:
     teacher, ckpt = pair
     text = tmp_path / "train.txt"

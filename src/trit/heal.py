@@ -4,8 +4,10 @@ The student starts exactly at the ternary checkpoint: each ternary layer gets
 a float master weight equal to its dequantized weight and a trainable copy of
 its group scales. The forward pass re-quantizes the master weight to
 ``scale * clamp(round(W / scale), -1, 1)`` with a straight-through estimator
-for the rounding (the scale learns through the product, as in LSQ; Esser et
-al. 2020, arXiv:1902.08153), so step 0 reproduces the checkpoint's outputs.
+for the rounding, so step 0 reproduces the checkpoint's outputs. The scale
+learns through the product only, the codes taken as constants: LSQ's gradient
+(Esser et al. 2020, arXiv:1902.08153), which also differentiates ``W / scale``,
+is zero for a weight on its grid point, which is where every weight starts.
 The loss is the KL divergence from the float teacher's next-token
 distribution to the student's. Training text is data-free by default:
 sequences the teacher samples itself (LLM-QAT; Liu et al. 2023,
@@ -101,7 +103,7 @@ class QATLinear(nn.Module):
         a = self.scale.abs().clamp(min=1e-8)[:, :, None]
         if self.frozen is not None:
             return self.frozen, a
-        r = self.weight.view(n, a.shape[1], -1) / a
+        r = self.weight.view(n, a.shape[1], -1) / a.detach()  # the scale learns through t * a, as frozen codes do
         t = torch.clamp(r + (torch.round(r) - r).detach(), -1, 1)  # straight-through rounding
         return t, a
 
