@@ -37,7 +37,7 @@ VARIANTS = {  # name: (method, group, planes, act_order, float_target); "bf16" a
     "gptq-row": ("gptq", -1, 1, True, False),
     "gptq-2planes-g64": ("gptq", 64, 2, True, False),
     "gptq-2planes-g64-float-target": ("gptq", 64, 2, True, True),
-    "healed": None,  # gptq-g64, then trit heal
+    "healed": None,  # --heal-base (gptq-g64 by default), then trit heal
 }
 
 

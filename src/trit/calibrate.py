@@ -132,16 +132,15 @@ def gptq_model(
         for i, layer in enumerate(layers):
             prefix = f"model.layers.{i}"
             loader.load(model, prefix)
-            firsts = [next((f"{prefix}.{s}" for s in stage if f"{prefix}.{s}" in quantized), None) for stage in STAGES]
+            groups = [[f"{prefix}.{s}" for s in stage if f"{prefix}.{s}" in quantized] for stage in STAGES]
+            groups = [names for names in groups if names]  # each stage's linears; they share one input
             float_inputs = {}
             if hidden_f is not None:
-                float_inputs, hidden_f = _float_inputs(layer, model, [f for f in firsts if f], hidden_f, rope, positions)
-            for stage, first in zip(STAGES, firsts):
-                if first is None:
-                    continue
-                h, cross = _stage_stats(layer, model.get_submodule(first), hidden, rope, positions,
-                                        float_inputs.get(first))
-                for name in (f"{prefix}.{s}" for s in stage if f"{prefix}.{s}" in quantized):
+                float_inputs, hidden_f = _float_inputs(layer, model, [n[0] for n in groups], hidden_f, rope, positions)
+            for names in groups:
+                h, cross = _stage_stats(layer, model.get_submodule(names[0]), hidden, rope, positions,
+                                        float_inputs.get(names[0]))
+                for name in names:
                     bar.set_postfix_str(name, refresh=False)
                     results[name] = _quantize_linear(model.get_submodule(name), h, gopts, cross)
             hidden = _run_layer(layer, hidden, rope, positions)
@@ -185,8 +184,7 @@ def _stage_stats(layer: nn.Module, first: nn.Linear, hidden, rope, positions, fl
 
     handle = first.register_forward_pre_hook(hook)
     try:
-        for x in hidden:
-            layer(x, attention_mask=None, position_ids=positions, position_embeddings=rope)
+        _run_layer(layer, hidden, rope, positions)
     finally:
         handle.remove()
     return h.float(), (cross.float() if cross is not None else None)
