@@ -32,6 +32,7 @@ def test_heal_lowers_heldout_loss_and_writes_the_best(pair, tmp_path: Path) -> N
     start, (best_step, best) = report.heldout[0][1], report.best
     assert best < 0.9 * start and best_step > 0
     assert report.train_windows.shape == (16, 32)  # sampled by the teacher, all at once (sample_batch 64)
+    assert report.tokens == OPTS.steps * OPTS.batch * OPTS.seq_len
     assert audit(tmp_path / "healed").ok
     # the written checkpoint is the best student: its held-out KL is the one reported
     healed = runtime.load(tmp_path / "healed", device="cpu")
@@ -80,11 +81,13 @@ def test_heal_from_text(pair, tmp_path: Path) -> None:
     assert report.train_windows.shape == (8, 32)
 
 
-def test_freeze_codes_trains_scales_only(pair, tmp_path: Path) -> None:
+@pytest.mark.parametrize("change", [{"freeze_codes": True}, {"weight_lr": 0.0}], ids=["freeze-codes", "weight-lr-0"])
+def test_scales_train_while_the_codes_stay(pair, tmp_path: Path, change: dict) -> None:
+    """``freeze_codes``, or a zero learning rate for the latent weights alone: the scales move, no code does."""
     import dataclasses
 
     teacher, ckpt = pair
-    report = heal(ckpt, teacher, tmp_path / "healed", dataclasses.replace(OPTS, freeze_codes=True), progress=False,
+    report = heal(ckpt, teacher, tmp_path / "healed", dataclasses.replace(OPTS, **change), progress=False,
                   log=lambda s: None)
     assert report.best[1] < report.heldout[0][1]
     before, after = runtime.load(ckpt, device="cpu").model, runtime.load(tmp_path / "healed", device="cpu").model
@@ -93,6 +96,31 @@ def test_freeze_codes_trains_scales_only(pair, tmp_path: Path) -> None:
             assert torch.equal(a, b), name  # every code as it was
     assert any(not torch.equal(a, b) for (name, a), b in zip(before.named_buffers(), after.buffers())
                if name.endswith("weight_scale"))
+
+
+@pytest.mark.parametrize("tie", [False, True], ids=["untied", "tied"])
+def test_train_embeddings_writes_them(tmp_path: Path, tie: bool) -> None:
+    """With ``train_embeddings`` the written checkpoint carries the trained embeddings (one tensor when tied)."""
+    import dataclasses
+
+    from safetensors.torch import load_file
+
+    from trit.synthetic import make_checkpoint
+
+    teacher = make_checkpoint(tmp_path / "float", tie=tie)
+    convert(teacher, tmp_path / "trit", ConvertOptions(group_size=32), progress=False, log=lambda s: None)
+    opts = dataclasses.replace(OPTS, freeze_codes=True, train_embeddings=True, weight_lr=1e-2, steps=10)
+    report = heal(tmp_path / "trit", teacher, tmp_path / "healed", opts, progress=False, log=lambda s: None)
+    assert report.best[0] > 0
+    before = {k: v for f in (tmp_path / "trit").glob("*.safetensors") for k, v in load_file(f).items()}
+    after = {k: v for f in (tmp_path / "healed").glob("*.safetensors") for k, v in load_file(f).items()}
+    assert before.keys() == after.keys()
+    changed = {k for k in before if not torch.equal(before[k], after[k])}
+    assert "model.embed_tokens.weight" in changed
+    assert ("lm_head.weight" in changed) == (not tie) and ("lm_head.weight" in before) == (not tie)
+    assert not any(k.endswith("weight_packed") for k in changed)
+    healed = runtime.load(tmp_path / "healed", device="cpu").model
+    assert (healed.get_output_embeddings().weight is healed.get_input_embeddings().weight) == tie
 
 
 def test_heal_refuses_a_float_checkpoint(pair, tmp_path: Path) -> None:

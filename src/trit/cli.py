@@ -123,7 +123,10 @@ def _parser() -> argparse.ArgumentParser:
     h.add_argument("out_dir", type=Path)
     h.add_argument("--teacher", type=Path, required=True, help="the float checkpoint it was made from")
     h.add_argument("--steps", type=int, default=200)
-    h.add_argument("--lr", type=float, default=5e-5)
+    h.add_argument("--lr", type=float, default=5e-5, help="learning rate of the scales and norms (and weights)")
+    h.add_argument("--weight-lr", type=float, default=None,
+                   help="learning rate of the latent weights and the embeddings (default: --lr)")
+    h.add_argument("--train-embeddings", action="store_true", help="the float embeddings and lm_head train too")
     h.add_argument("--batch", type=int, default=8)
     h.add_argument("--seq-len", type=int, default=256)
     h.add_argument("--data", type=Path, default=None, help="training text (default: sequences the teacher samples)")
@@ -132,6 +135,8 @@ def _parser() -> argparse.ArgumentParser:
     h.add_argument("--sample-batch", type=int, default=64, help="data-free: sequences the teacher samples at once")
     h.add_argument("--freeze-codes", action="store_true", help="train the scales and norms only; the codes stay")
     h.add_argument("--eval-every", type=int, default=25)
+    h.add_argument("--grad-checkpointing", action=argparse.BooleanOptionalAction, default=True,
+                   help="recompute activations in the backward pass (less memory, about a third more compute)")
     h.add_argument("--device", default=None, help="cpu or cuda (default: cuda if present)")
     h.add_argument("--overwrite", action="store_true", help="replace a non-empty OUT_DIR")
     h.add_argument("--quiet", action="store_true", help="no progress bars")
@@ -208,7 +213,8 @@ def _dispatch(args: argparse.Namespace) -> int:
 
         opts = HealOptions(args.steps, args.lr, args.batch, args.seq_len, args.data, args.train_samples,
                            args.heldout_samples, args.eval_every, args.device, sample_batch=args.sample_batch,
-                           freeze_codes=args.freeze_codes)
+                           grad_checkpointing=args.grad_checkpointing, freeze_codes=args.freeze_codes,
+                           weight_lr=args.weight_lr, train_embeddings=args.train_embeddings)
         heal(args.ckpt, args.teacher, args.out_dir, opts, overwrite=args.overwrite, progress=not args.quiet)
         return 0
     if args.command == "generate":

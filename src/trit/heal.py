@@ -17,10 +17,15 @@ best student is what gets written: a normal trit checkpoint (same group size,
 scale dtype and layout), through the converter's atomic writer. AdamW, linear
 warm-up over the first 5% of the steps, then a cosine down to 10% of ``lr``.
 
-Embeddings and ``lm_head`` stay frozen; the ternary layers (weights and
-scales) and the norms train, or, with ``freeze_codes``, the scales and norms
-only (every code stays, as in the scale-only phase of EfficientQAT). bf16
-autocast on CUDA, gradient checkpointing.
+Embeddings and ``lm_head`` stay frozen unless ``train_embeddings`` (they are
+float in the checkpoint, so training them leaves the format and the bits per
+ternary weight as they were); the ternary layers (weights and scales) and the
+norms train, or, with ``freeze_codes``, the scales and norms
+only (every code stays, as in the scale-only phase of EfficientQAT). The
+latent weights may take their own learning rate (``weight_lr``): a code flips
+only once its weight has moved half a scale, so their step size is a
+different question from the scales'. bf16 autocast on CUDA, gradient
+checkpointing (optional).
 """
 
 from __future__ import annotations
@@ -47,7 +52,7 @@ from trit.nn import TritLinear
 @dataclass(frozen=True)
 class HealOptions:
     steps: int = 200
-    lr: float = 5e-5
+    lr: float = 5e-5  # scales and norms; the latent weights too, unless weight_lr is set
     batch: int = 8
     seq_len: int = 256
     data: Path | None = None  # training text; None: sequences sampled from the teacher
@@ -59,6 +64,8 @@ class HealOptions:
     grad_checkpointing: bool = True
     sample_batch: int = 64  # sequences the teacher samples at once (data-free training text)
     freeze_codes: bool = False  # train the scales and norms only; every ternary code stays as it is
+    weight_lr: float | None = None  # learning rate of the latent weights and the embeddings (None: lr)
+    train_embeddings: bool = False  # the float embeddings and lm_head (tied or not) train too, at weight_lr
 
 
 @dataclass
@@ -68,6 +75,7 @@ class HealReport:
     seconds: float = 0.0
     heldout: list[tuple[int, float]] = field(default_factory=list)  # (step, held-out KL)
     train_windows: torch.Tensor | None = None  # (S, T) the token windows trained on, for overlap checks
+    tokens: int = 0  # tokens trained on (steps x batch x sequence length)
 
     @property
     def best(self) -> tuple[int, float]:
@@ -75,8 +83,8 @@ class HealReport:
 
     def summary(self) -> str:
         first, (best_step, best) = self.heldout[0], self.best
-        return (f"wrote {self.out_dir}: {self.steps} steps in {self.seconds:.0f} s; held-out KL to the teacher "
-                f"{first[1]:.4f} at step 0 -> {best:.4f} at step {best_step} (the one written)")
+        return (f"wrote {self.out_dir}: {self.steps} steps ({self.tokens} tokens) in {self.seconds:.0f} s; "
+                f"held-out KL to the teacher {first[1]:.4f} at step 0 -> {best:.4f} at step {best_step} (the one written)")
 
 
 class QATLinear(nn.Module):
@@ -203,15 +211,22 @@ def heal(
     if opts.freeze_codes:
         for m in qat.values():
             m.freeze()
-    trainable = [p for m in qat.values() for p in ((m.scale,) if opts.freeze_codes else (m.weight, m.scale))]
-    trainable += [p for n, p in student.named_parameters() if "norm" in n]
+    scales = [m.scale for m in qat.values()] + [p for n, p in student.named_parameters() if "norm" in n]
+    weights = [] if opts.freeze_codes else [m.weight for m in qat.values()]
+    if opts.train_embeddings:
+        weights += list({id(e.weight): e.weight for e in (student.get_input_embeddings(),
+                                                           student.get_output_embeddings()) if e is not None}.values())
+    trainable = scales + weights
     for p in trainable:
         p.requires_grad_(True)
     if opts.grad_checkpointing and hasattr(student, "gradient_checkpointing_enable"):
         student.gradient_checkpointing_enable()
     student.config.use_cache = False
     student.train()
-    optim = torch.optim.AdamW(trainable, lr=opts.lr, weight_decay=0.0)
+    groups = [{"params": scales, "lr": opts.lr}]
+    if weights:
+        groups.append({"params": weights, "lr": opts.lr if opts.weight_lr is None else opts.weight_lr})
+    optim = torch.optim.AdamW(groups, weight_decay=0.0)
     warmup = max(1, opts.steps // 20)  # linear warm-up over 5% of the steps, then cosine down to 10%
     sched = torch.optim.lr_scheduler.LambdaLR(optim, lambda s: min(1.0, (s + 1) / warmup) * (
         0.55 + 0.45 * math.cos(math.pi * min(1.0, s / max(1, opts.steps)))))
@@ -237,6 +252,7 @@ def heal(
             if report.heldout[-1][1] <= report.best[1]:
                 best_state = copy.deepcopy({k: v.detach().cpu() for k, v in student.state_dict().items()})
     report.steps, report.seconds = opts.steps, time.perf_counter() - start
+    report.tokens = opts.steps * opts.batch * train.shape[1]
     student.load_state_dict(best_state)
     _write(loaded, qat, student, out, progress)
     log(report.summary())
@@ -244,10 +260,12 @@ def heal(
 
 
 def _write(loaded, qat: dict[str, QATLinear], student: nn.Module, out: Path, progress: bool) -> None:
-    """The original checkpoint's files, with the healed codes, scales and norms in place of the old ones."""
+    """The original checkpoint's files, with the healed codes, scales, norms (and embeddings) in their place."""
     ckpt = loaded.checkpoint
     exported = {name: m.export() for name, m in qat.items()}
-    params = {n: p.detach().cpu() for n, p in student.named_parameters() if "norm" in n}
+    # every float parameter that trained, under each of its names (a tied lm_head is the embedding's tensor)
+    params = {n: p.detach().cpu() for n, p in student.named_parameters(remove_duplicate=False) if p.requires_grad
+              and not any(n.startswith(q + ".") for q in qat)}
 
     def transform(name: str, tensor: torch.Tensor) -> dict[str, torch.Tensor]:
         module, leaf = name.rsplit(".", 1)
