@@ -3,6 +3,14 @@
     PYTHONPATH=src python benchmarks/ptq_smollm2.py --out benchmarks/results/ptq_smollm2_cpu.json
     PYTHONPATH=src python benchmarks/ptq_smollm2.py --device cuda --variants gptq-g64,healed --heal-steps 600 \
         --out ptq_smollm2_h200.json
+    PYTHONPATH=src python benchmarks/ptq_smollm2.py --device cuda --variants bf16 --work /tmp/ptq \
+        --heal base=gptq-g64-float-target,freeze=1,lr=1e-3,steps=400 --heal from=prev,lr=1e-4,steps=400 --out x.json
+
+Each ``--heal`` adds one healed row: the keys of ``HEAL_KEYS`` override the
+``--heal-*`` flags; ``from=prev`` starts from the previous ``--heal``'s
+output (a second phase), ``base=VARIANT`` from that quantized variant.
+``--work DIR`` keeps every checkpoint made there and reuses a quantized
+variant built by the same command, so runs can be split over several calls.
 
 Evaluation: the first 16 windows of 512 tokens of the WikiText-2 test file
 (``trit eval``'s default). Calibration and heal data: the second half of the
@@ -39,6 +47,29 @@ VARIANTS = {  # name: (method, group, planes, act_order, float_target); "bf16" a
     "gptq-2planes-g64-float-target": ("gptq", 64, 2, True, True),
     "healed": None,  # --heal-base (gptq-g64 by default), then trit heal
 }
+HEAL_KEYS = {"base": str, "from": str, "steps": int, "lr": float, "weight_lr": float, "batch": int, "seq_len": int,
+             "data": str, "samples": int, "freeze": int, "gc": int, "sample_batch": int, "emb": int}
+
+
+def heal_specs(args: argparse.Namespace) -> list[dict]:
+    """One dict per healed row: the ``--heal-*`` flags, overridden by each ``--heal k=v,...``."""
+    default = {"base": args.heal_base, "from": None, "steps": args.heal_steps, "lr": args.heal_lr, "weight_lr": None,
+               "batch": args.heal_batch, "seq_len": 256, "data": args.heal_data, "samples": args.heal_samples,
+               "freeze": int(args.heal_freeze_codes), "gc": 1, "sample_batch": 64, "emb": 0}
+    specs = []
+    for text in args.heal or ([""] if "healed" in args.variants.split(",") else []):
+        spec = dict(default)
+        for item in filter(None, text.split(",")):
+            key, _, value = item.partition("=")
+            if key not in HEAL_KEYS:
+                raise SystemExit(f"--heal {text}: unknown key {key!r} (known: {', '.join(HEAL_KEYS)})")
+            spec[key] = HEAL_KEYS[key](value)
+        if spec["from"] not in (None, "prev") or (spec["from"] == "prev" and not specs):
+            raise SystemExit(f"--heal {text}: from= takes 'prev', after another --heal")
+        if spec["data"] not in ("text", "teacher") or spec["base"] not in VARIANTS:
+            raise SystemExit(f"--heal {text}: data is text or teacher, base one of {', '.join(VARIANTS)}")
+        specs.append(spec)
+    return specs
 
 
 def main() -> int:
@@ -58,7 +89,10 @@ def main() -> int:
     ap.add_argument("--text", type=Path, default=WIKITEXT, help="the WikiText-2 test file")
     ap.add_argument("--calib-samples", type=int, default=CALIB["samples"])
     ap.add_argument("--calib-seq-len", type=int, default=CALIB["seq_len"])
+    ap.add_argument("--heal", action="append", help="one healed row: k=v pairs over the --heal-* flags (see above)")
+    ap.add_argument("--work", type=Path, default=None, help="keep checkpoints here; reuse variants built here")
     args = ap.parse_args()
+    specs = heal_specs(args)
     CALIB.update(samples=args.calib_samples, seq_len=args.calib_seq_len)
     wikitext = args.text
 
@@ -72,7 +106,8 @@ def main() -> int:
     from trit.quant import Method
 
     src = args.float or smollm2.float_checkpoint()
-    work = Path(tempfile.mkdtemp(prefix="ptq-"))
+    work = args.work or Path(tempfile.mkdtemp(prefix="ptq-"))
+    work.mkdir(parents=True, exist_ok=True)
     text = wikitext.read_text()
     calib_file = work / "calib.txt"
     calib_file.write_text(text[len(text) // 2:])
@@ -102,40 +137,52 @@ def main() -> int:
         record("bf16", src, f"trit eval MODEL --ppl {wikitext.name}", 0.0, 16.0)
     del float_model
     calib = CalibOptions(calib_file, CALIB["samples"], CALIB["seq_len"])
-    times: dict[str, float] = {}
-    for name in wanted:
-        if name == "bf16":
-            continue
-        base = args.heal_base if name == "healed" else name
+
+    def quantized(base: str) -> tuple[Path, str, float]:
+        """Build variant ``base`` in ``work`` (or reuse one built there by the same command): dir, command, seconds."""
         method, group, planes, act_order, float_target = VARIANTS[base]
-        if base not in times:
-            start = time.perf_counter()
-            opts = ConvertOptions(method=Method(method), group_size=group, planes=planes, act_order=act_order,
-                                  float_target=float_target,
-                                  calib=calib, device=args.device)
-            convert(src, work / base, opts, progress=False)
-            times[base] = time.perf_counter() - start
         command = (f"trit quantize MODEL OUT --method {method} --group-size {group} --planes {planes}"
                    + (" --act-order" if act_order else "")
                    + ((" --float-target" if float_target else " --no-float-target") if method == "gptq" else "")
                    + (f" --calib CALIB --calib-samples {CALIB['samples']} --calib-seq-len {CALIB['seq_len']}"
                       if method == "gptq" else ""))
-        bits = audit(work / base, values=False).bits_per_weight
-        if name != "healed":
-            record(name, work / base, command, times[base], bits)
-            continue
-        hopts = HealOptions(steps=args.heal_steps, lr=args.heal_lr, batch=args.heal_batch, device=args.device,
-                            data=calib_file if args.heal_data == "text" else None, train_samples=args.heal_samples,
-                            freeze_codes=args.heal_freeze_codes)
+        stamp = work / f"{base}.built.json"
+        if stamp.is_file() and json.loads(stamp.read_text())["command"] == command:
+            return work / base, command, json.loads(stamp.read_text())["seconds"]
         start = time.perf_counter()
-        report = heal(work / base, src, work / name, hopts, progress=False)
+        opts = ConvertOptions(method=Method(method), group_size=group, planes=planes, act_order=act_order,
+                              float_target=float_target, calib=calib, device=args.device, overwrite=True)
+        convert(src, work / base, opts, progress=False)
+        stamp.write_text(json.dumps({"command": command, "seconds": time.perf_counter() - start}))
+        return work / base, command, time.perf_counter() - start
+
+    for name in wanted:
+        if name not in ("bf16", "healed"):
+            ckpt, command, seconds = quantized(name)
+            record(name, ckpt, command, seconds, audit(ckpt, values=False).bits_per_weight)
+    prev: tuple[Path, str, float] | None = None
+    for i, spec in enumerate(specs):
+        ckpt, command, _ = prev if spec["from"] == "prev" else quantized(spec["base"])
+        hopts = HealOptions(steps=spec["steps"], lr=spec["lr"], weight_lr=spec["weight_lr"], batch=spec["batch"],
+                            seq_len=spec["seq_len"], device=args.device, train_samples=spec["samples"],
+                            data=calib_file if spec["data"] == "text" else None, freeze_codes=bool(spec["freeze"]),
+                            grad_checkpointing=bool(spec["gc"]), sample_batch=spec["sample_batch"],
+                            train_embeddings=bool(spec["emb"]))
+        start = time.perf_counter()
+        out = work / f"healed-{i}"
+        report = heal(ckpt, src, out, hopts, progress=False, overwrite=True)
         check_disjoint(report.train_windows, eval_tokens, "heal training windows")
-        data = "--data CALIB " if args.heal_data == "text" else ""
-        record(name, work / name, f"{command}; trit heal OUT HEALED --teacher MODEL {data}--steps {args.heal_steps} "
-               f"--lr {args.heal_lr} --batch {args.heal_batch} --train-samples {args.heal_samples}"
-               + (" --freeze-codes" if args.heal_freeze_codes else ""),
-               time.perf_counter() - start, bits,
-               heal_steps=report.steps, heal_seconds=report.seconds, heldout_kl=report.heldout)
+        command += (f"; trit heal IN OUT --teacher MODEL {'--data CALIB ' if spec['data'] == 'text' else ''}"
+                    f"--steps {spec['steps']} --lr {spec['lr']} --batch {spec['batch']} --seq-len {spec['seq_len']} "
+                    f"--train-samples {spec['samples']}" + (" --freeze-codes" if spec["freeze"] else "")
+                    + (f" --weight-lr {spec['weight_lr']}" if spec["weight_lr"] is not None else "")
+                    + (" --train-embeddings" if spec["emb"] else "")
+                    + ("" if spec["gc"] else " --no-grad-checkpointing"))
+        seconds = (0.0 if prev is None or spec["from"] != "prev" else prev[2]) + time.perf_counter() - start
+        record("healed", out, command, seconds, audit(out, values=False).bits_per_weight,
+               heal_steps=report.steps, heal_seconds=report.seconds, heal_tokens=report.tokens,
+               heldout_kl=report.heldout)
+        prev = (out, command, seconds)
     bf16 = next((r["perplexity"] for r in rows if r["variant"] == "bf16"), None)
     for r in rows:
         r["ratio_to_bf16"] = r["perplexity"] / bf16 if bf16 else None
