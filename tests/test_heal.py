@@ -12,8 +12,8 @@ from trit.convert import ConvertOptions, convert
 from trit.eval.audit import audit
 from trit.heal import HealOptions, heal
 
-OPTS = HealOptions(steps=30, lr=3e-3, batch=4, seq_len=32, train_samples=16, heldout_samples=4, eval_every=10,
-                   device="cpu")
+OPTS = HealOptions(steps=30, lr=3e-3, weight_lr=3e-3, batch=4, seq_len=32, train_samples=16, heldout_samples=4,
+                   eval_every=10, device="cpu")
 
 
 @pytest.fixture(scope="module")
@@ -74,11 +74,27 @@ def test_heal_from_text(pair, tmp_path: Path) -> None:
     teacher, ckpt = pair
     text = tmp_path / "train.txt"
     text.write_text("ternary weights, four to a byte; " * 60)
-    opts = HealOptions(steps=4, lr=3e-3, batch=2, seq_len=32, data=text, train_samples=8, heldout_samples=2,
-                       eval_every=2, device="cpu")
+    opts = HealOptions(steps=4, lr=3e-3, weight_lr=3e-3, batch=2, seq_len=32, data=text, train_samples=8,
+                       heldout_samples=2, eval_every=2, device="cpu")
     report = heal(ckpt, teacher, tmp_path / "healed", opts, progress=False, log=lambda s: None)
     assert [s for s, _ in report.heldout] == [0, 2, 4]
     assert report.train_windows.shape == (8, 32)
+
+
+def test_heldout_windows_are_the_texts_tail(pair, tmp_path: Path) -> None:
+    """From a text, the held-out windows are its last tokens side by side; training windows end before them."""
+    from trit.heal import _sequences
+
+    _, ckpt = pair
+    tokenizer = runtime.load(ckpt, device="cpu").tokenizer
+    text = tmp_path / "train.txt"
+    text.write_text(" ".join(f"word{i} and" for i in range(400)))
+    ids = tokenizer(text.read_text(), return_tensors="pt").input_ids[0]
+    opts = HealOptions(seq_len=32, data=text, train_samples=8, heldout_samples=3)
+    train, heldout = _sequences(None, tokenizer, opts)
+    assert torch.equal(heldout.flatten(), ids[-3 * 32:])
+    cut = ids.numel() - 3 * 32
+    assert torch.equal(train[-1], ids[cut - 32:cut]) and train.shape == (8, 32)
 
 
 @pytest.mark.parametrize("change", [{"freeze_codes": True}, {"weight_lr": 0.0}], ids=["freeze-codes", "weight-lr-0"])

@@ -51,12 +51,13 @@ from trit.nn import TritLinear
 
 @dataclass(frozen=True)
 class HealOptions:
-    steps: int = 200
-    lr: float = 5e-5  # scales and norms; the latent weights too, unless weight_lr is set
-    batch: int = 8
+    # defaults: the single-phase recipe measured on SmolLM2 (benchmarks/results/ptq_smollm2_heal_scales_h200.json)
+    steps: int = 300
+    lr: float = 1e-3  # scales and norms (and the latent weights when weight_lr is None)
+    batch: int = 16
     seq_len: int = 256
     data: Path | None = None  # training text; None: sequences sampled from the teacher
-    train_samples: int = 256
+    train_samples: int = 2048
     heldout_samples: int = 16
     eval_every: int = 25
     device: str | None = None
@@ -64,7 +65,7 @@ class HealOptions:
     grad_checkpointing: bool = True
     sample_batch: int = 64  # sequences the teacher samples at once (data-free training text)
     freeze_codes: bool = False  # train the scales and norms only; every ternary code stays as it is
-    weight_lr: float | None = None  # learning rate of the latent weights and the embeddings (None: lr)
+    weight_lr: float | None = 5e-5  # learning rate of the latent weights and the embeddings (None: lr)
     train_embeddings: bool = False  # the float embeddings and lm_head (tied or not) train too, at weight_lr
 
 
@@ -159,7 +160,10 @@ def _sequences(teacher, tokenizer, opts: HealOptions) -> tuple[torch.Tensor, tor
         if not Path(opts.data).is_file():
             raise CheckpointError(opts.data, "no such training text file")
         ids = tokenizer(Path(opts.data).read_text(), return_tensors="pt").input_ids[0]
-        cut = int(ids.numel() * opts.train_samples / total)  # held-out windows come from the text's tail
+        # held-out windows: the text's tail, side by side; a text too short for that is shared in proportion
+        cut = ids.numel() - opts.heldout_samples * opts.seq_len
+        if cut < opts.seq_len:
+            cut = int(ids.numel() * opts.train_samples / total)
         return (windows_from_text(ids[:cut], opts.train_samples, opts.seq_len),
                 windows_from_text(ids[cut:], opts.heldout_samples, opts.seq_len))
     seqs = sample_from_model(teacher, tokenizer, total, opts.seq_len, opts.seed, opts.sample_batch)

@@ -55,7 +55,7 @@ def main() -> int:
     rows = []
     for name in args.settings.split(","):
         lr, freeze = SETTINGS[name]
-        opts = HealOptions(steps=args.steps, lr=lr, batch=args.batch, seq_len=args.seq_len, data=data,
+        opts = HealOptions(steps=args.steps, lr=lr, weight_lr=lr, batch=args.batch, seq_len=args.seq_len, data=data,
                            eval_every=10, device="cpu", freeze_codes=freeze)
         start = time.perf_counter()
         report = heal(args.ckpt, args.teacher, work / name, opts, progress=False)
