@@ -93,9 +93,11 @@ def ptq() -> str:
     lines.append("")
     for heal in (r for r in rows if r["variant"] == "healed"):
         best = min(heal["heldout_kl"], key=lambda s: s[1])
-        lines.append(f"- {_ptq_name(heal)}: {heal['heal_steps']} heal steps in {heal['heal_seconds']:.0f} s; held-out "
-                     f"KL {heal['heldout_kl'][0][1]:.3f} at step 0, best {best[1]:.3f} at step {best[0]} (written), "
-                     f"{heal['heldout_kl'][-1][1]:.3f} at the last step.")
+        phase = "its last phase: " if heal["command"].count(";") > 1 else ""
+        lines.append(f"- {_ptq_name(heal)}: {phase}{heal['heal_steps']} heal steps in {heal['heal_seconds']:.0f} s"
+                     + (f" ({heal['heal_tokens'] / 1e6:.1f}M tokens)" if "heal_tokens" in heal else "")
+                     + f"; held-out KL {heal['heldout_kl'][0][1]:.3f} at step 0, best {best[1]:.3f} at step "
+                     f"{best[0]} (written), {heal['heldout_kl'][-1][1]:.3f} at the last step.")
     lines += ["", "Later runs: " + "; ".join(f"{path.name}: `{run['command']}`" for path, run in later)]
     return "\n".join(lines)
 
@@ -108,12 +110,22 @@ def _flag(row: dict, flag: str, part: int = 0) -> str | None:
 
 
 def _ptq_name(row: dict) -> str:
+    """``healed (BASE; PHASE -> PHASE)``, each heal phase read back from the row's equivalent commands."""
     if row["variant"] != "healed":
         return row["variant"]
-    quantize, heal = row["command"].split(";")
+    quantize, *heals = row["command"].split(";")
     base = "gptq-g64" + ("-float-target" if "--float-target" in quantize.split() else "")
-    data = "text" if "--data" in heal.split() else "teacher-sampled"
-    return f"healed ({base}; {data} data, batch {_flag(row, '--batch', 1) or 8}, lr {_flag(row, '--lr', 1)})"
+    phases = []
+    for i, heal in enumerate(heals, 1):
+        words = heal.split()
+        what = "scales+norms" if "--freeze-codes" in words else "all"
+        what += "+embeddings" if "--train-embeddings" in words else ""
+        seq = _flag(row, "--seq-len", i)
+        weight_lr = _flag(row, "--weight-lr", i)
+        phases.append(f"{'text' if '--data' in words else 'teacher-sampled'} data, batch {_flag(row, '--batch', i) or 8}"
+                      + (f"x{seq}" if seq else "") + f", {what}, lr {_flag(row, '--lr', i)}"
+                      + (f", weight lr {weight_lr}" if weight_lr else "") + f", {_flag(row, '--steps', i)} steps")
+    return f"healed ({base}; {' -> '.join(phases)})"
 
 
 DECODE = RESULTS / "decode"
