@@ -10,7 +10,11 @@ on the calibration windows becomes the next layer's input. Each linear layer's
 Hessian ``X^T X`` is summed from the inputs it sees (:mod:`trit.quant.gptq`).
 With ``float_target`` the windows also run through the float model, and each
 linear layer aims at the float layer's outputs on the float inputs
-(:func:`trit.quant.gptq.float_target_weight`).
+(:func:`trit.quant.gptq.float_target_weight`). The float stream runs through
+an untouched copy of the layer, batch by batch beside the quantized one, so
+that each stage's cross term is summed as it goes: beyond the float stream's
+hidden states, it costs one extra decoder layer in memory and one float
+forward per stage, not every linear layer's float inputs.
 
 Calibration text comes from ``--calib FILE`` (windows of ``--calib-seq-len``
 tokens at evenly spaced offsets) or, by default, from the float model itself:
@@ -20,6 +24,7 @@ sequences it samples from its BOS token (data-free, as in LLM-QAT; Liu et al.
 
 from __future__ import annotations
 
+import copy
 from contextlib import ExitStack
 from dataclasses import dataclass
 from pathlib import Path
@@ -134,16 +139,18 @@ def gptq_model(
             loader.load(model, prefix)
             groups = [[f"{prefix}.{s}" for s in stage if f"{prefix}.{s}" in quantized] for stage in STAGES]
             groups = [names for names in groups if names]  # each stage's linears; they share one input
-            float_inputs = {}
-            if hidden_f is not None:
-                float_inputs, hidden_f = _float_inputs(layer, model, [n[0] for n in groups], hidden_f, rope, positions)
+            # the float stream runs through an untouched copy of the layer, batch by batch beside the quantized one
+            float_layer = copy.deepcopy(layer) if hidden_f is not None else None
             for names in groups:
-                h, cross = _stage_stats(layer, model.get_submodule(names[0]), hidden, rope, positions,
-                                        float_inputs.get(names[0]))
+                first = names[0].removeprefix(prefix + ".")
+                h, cross = _stage_stats(layer, first, hidden, rope, positions, float_layer, hidden_f)
                 for name in names:
                     bar.set_postfix_str(name, refresh=False)
                     results[name] = _quantize_linear(model.get_submodule(name), h, gopts, cross)
             hidden = _run_layer(layer, hidden, rope, positions)
+            if float_layer is not None:
+                hidden_f = _run_layer(float_layer, hidden_f, rope, positions)
+                del float_layer
             layer.to("meta")
             bar.update(1)
         bar.close()
@@ -155,38 +162,36 @@ def _run_layer(layer: nn.Module, hidden: list[torch.Tensor], rope, positions) ->
     return [x[0] if isinstance(x, tuple) else x for x in out]
 
 
-def _float_inputs(layer: nn.Module, model: nn.Module, firsts: list[str], hidden, rope, positions):
-    """The float stream through a still-float ``layer``: each named linear's inputs per batch, and the layer's output."""
-    seen: dict[str, list[torch.Tensor]] = {name: [] for name in firsts}
-    handles = [model.get_submodule(name).register_forward_pre_hook(lambda m, args, name=name: seen[name].append(args[0]))
-               for name in firsts]
-    try:
-        out = _run_layer(layer, hidden, rope, positions)
-    finally:
-        for handle in handles:
-            handle.remove()
-    return seen, out
+def _run_one(layer: nn.Module, x: torch.Tensor, rope, positions) -> torch.Tensor:
+    return _run_layer(layer, [x], rope, positions)[0]
 
 
-def _stage_stats(layer: nn.Module, first: nn.Linear, hidden, rope, positions, float_inputs=None):
-    """``H = X^T X`` of the inputs ``first`` sees when the calibration windows run through ``layer``, and with
-    ``float_inputs`` (the float stream's inputs, batch by batch) the cross term ``R = X_f^T X``; else None."""
-    k = first.in_features
-    h = torch.zeros(k, k, dtype=torch.float64, device=first.weight.device)
-    cross = torch.zeros_like(h) if float_inputs is not None else None
-    batch = iter(float_inputs or ())
+def _stage_stats(layer: nn.Module, first: str, hidden, rope, positions, float_layer=None, hidden_f=None):
+    """``H = X^T X`` of the inputs that ``layer``'s submodule ``first`` sees when the calibration windows run
+    through ``layer``; with ``float_layer`` (the layer's float copy) and ``hidden_f`` (the float stream), also the
+    cross term ``R = X_f^T X`` with the inputs the copy's ``first`` sees, batch by batch; else None."""
+    lin = layer.get_submodule(first)
+    k = lin.in_features
+    h = torch.zeros(k, k, dtype=torch.float64, device=lin.weight.device)
+    cross = torch.zeros_like(h) if float_layer is not None else None
+    seen: list[torch.Tensor] = []  # the float input of the batch in flight
 
     def hook(module, args):
         h.add_(hessian(args[0]))
         if cross is not None:
-            xq = args[0].reshape(-1, k).double()
-            cross.add_(next(batch).reshape(-1, k).double().T @ xq)
+            cross.add_(seen.pop().reshape(-1, k).double().T @ args[0].reshape(-1, k).double())
 
-    handle = first.register_forward_pre_hook(hook)
+    handles = [lin.register_forward_pre_hook(hook)]
+    if float_layer is not None:
+        handles.append(float_layer.get_submodule(first).register_forward_pre_hook(lambda m, args: seen.append(args[0])))
     try:
-        _run_layer(layer, hidden, rope, positions)
+        for b, x in enumerate(hidden):
+            if float_layer is not None:
+                _run_one(float_layer, hidden_f[b], rope, positions)
+            _run_one(layer, x, rope, positions)
     finally:
-        handle.remove()
+        for handle in handles:
+            handle.remove()
     return h.float(), (cross.float() if cross is not None else None)
 
 
