@@ -135,7 +135,7 @@ def _parser() -> argparse.ArgumentParser:
     h.add_argument("--freeze-codes", action="store_true", help="train the scales and norms only; the codes stay")
     h.add_argument("--eval-every", type=int, default=25)
     h.add_argument("--grad-checkpointing", action=argparse.BooleanOptionalAction, default=True,
-                   help="recompute activations in the backward pass (less memory, about a third more compute)")
+                   help="recompute activations in the backward pass (less memory, one more forward pass a step)")
     h.add_argument("--device", default=None, help="cpu or cuda (default: cuda if present)")
     h.add_argument("--overwrite", action="store_true", help="replace a non-empty OUT_DIR")
     h.add_argument("--quiet", action="store_true", help="no progress bars")

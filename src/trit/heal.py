@@ -218,8 +218,9 @@ def heal(
     scales = [m.scale for m in qat.values()] + [p for n, p in student.named_parameters() if "norm" in n]
     weights = [] if opts.freeze_codes else [m.weight for m in qat.values()]
     if opts.train_embeddings:
-        weights += list({id(e.weight): e.weight for e in (student.get_input_embeddings(),
-                                                           student.get_output_embeddings()) if e is not None}.values())
+        embeddings = (student.get_input_embeddings(), student.get_output_embeddings())  # a ternary lm_head: not here
+        weights += list({id(e.weight): e.weight for e in embeddings if e is not None and not isinstance(e, QATLinear)
+                         }.values())
     trainable = scales + weights
     for p in trainable:
         p.requires_grad_(True)
