@@ -59,14 +59,17 @@ def windows_from_text(ids: torch.Tensor, samples: int, seq_len: int) -> torch.Te
     return torch.stack([ids[s:s + seq_len] for s in starts.tolist()])
 
 
-def sample_from_model(model: nn.Module, tokenizer, samples: int, seq_len: int, seed: int, batch: int) -> torch.Tensor:
+def sample_from_model(
+    model: nn.Module, tokenizer, samples: int, seq_len: int, seed: int, batch: int, progress: bool = False
+) -> torch.Tensor:
     """Data-free calibration: ``(S, T)`` token windows the float model samples from its BOS token."""
     bos = tokenizer.bos_token_id if tokenizer.bos_token_id is not None else tokenizer.eos_token_id
     torch.manual_seed(seed)
     out = []
     device = next(model.parameters()).device
+    starts = tqdm(range(0, samples, batch), desc="sample", unit="batch", disable=not progress)
     with torch.inference_mode():
-        for start in range(0, samples, batch):
+        for start in starts:
             b = min(batch, samples - start)
             prompt = torch.full((b, 1), bos, dtype=torch.long, device=device)
             ids = model.generate(prompt, attention_mask=torch.ones_like(prompt), do_sample=True, top_k=0,
@@ -76,7 +79,7 @@ def sample_from_model(model: nn.Module, tokenizer, samples: int, seq_len: int, s
     return torch.cat(out)
 
 
-def calibration_ids(ckpt: Checkpoint, opts: CalibOptions, device: str) -> torch.Tensor:
+def calibration_ids(ckpt: Checkpoint, opts: CalibOptions, device: str, progress: bool = False) -> torch.Tensor:
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
     tokenizer = AutoTokenizer.from_pretrained(ckpt.path)
@@ -87,7 +90,7 @@ def calibration_ids(ckpt: Checkpoint, opts: CalibOptions, device: str) -> torch.
         return windows_from_text(ids, opts.samples, opts.seq_len)
     model = AutoModelForCausalLM.from_pretrained(ckpt.path, dtype=torch.float32).to(device).eval()
     try:
-        return sample_from_model(model, tokenizer, opts.samples, opts.seq_len, opts.seed, opts.batch)
+        return sample_from_model(model, tokenizer, opts.samples, opts.seq_len, opts.seed, opts.batch, progress)
     finally:
         del model
 
@@ -120,7 +123,7 @@ def gptq_model(
     """GPTQ every module in ``quantized``: ``{module: (codes (P, N, K_pad) int8, scales (P, N, G) f32)}``."""
     from trit.runtime import meta_model
 
-    ids = calibration_ids(ckpt, calib, device)  # (S, T)
+    ids = calibration_ids(ckpt, calib, device, progress)  # (S, T)
     model = meta_model(ckpt, torch.float32)
     results: dict[str, tuple[torch.Tensor, torch.Tensor]] = {}
     with ExitStack() as stack, torch.inference_mode():

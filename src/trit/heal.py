@@ -151,7 +151,7 @@ def _kl(student_logits: torch.Tensor, teacher_logits: torch.Tensor) -> torch.Ten
     return (t.exp() * (t - s)).sum(-1).mean()
 
 
-def _sequences(teacher, tokenizer, opts: HealOptions) -> tuple[torch.Tensor, torch.Tensor]:
+def _sequences(teacher, tokenizer, opts: HealOptions, progress: bool = False) -> tuple[torch.Tensor, torch.Tensor]:
     """Training and held-out token windows ``(S, T)``; the two never share a window."""
     from trit.calibrate import sample_from_model, windows_from_text
 
@@ -166,7 +166,7 @@ def _sequences(teacher, tokenizer, opts: HealOptions) -> tuple[torch.Tensor, tor
             cut = int(ids.numel() * opts.train_samples / total)
         return (windows_from_text(ids[:cut], opts.train_samples, opts.seq_len),
                 windows_from_text(ids[cut:], opts.heldout_samples, opts.seq_len))
-    seqs = sample_from_model(teacher, tokenizer, total, opts.seq_len, opts.seed, opts.sample_batch)
+    seqs = sample_from_model(teacher, tokenizer, total, opts.seq_len, opts.seed, opts.sample_batch, progress)
     return seqs[: opts.train_samples], seqs[opts.train_samples:]
 
 
@@ -205,7 +205,7 @@ def heal(
     teacher.requires_grad_(False)
     amp = (lambda: torch.autocast("cuda", dtype=torch.bfloat16)) if device == "cuda" else nullcontext
     torch.manual_seed(opts.seed)
-    train, heldout = (t.to(device) for t in _sequences(teacher, loaded.tokenizer, opts))
+    train, heldout = (t.to(device) for t in _sequences(teacher, loaded.tokenizer, opts, progress))
     with torch.no_grad(), amp():
         teacher_heldout = [teacher(heldout[i:i + opts.batch]).logits.float()
                            for i in range(0, heldout.shape[0], opts.batch)]
