@@ -13,8 +13,10 @@ linear layer aims at the float layer's outputs on the float inputs
 (:func:`trit.quant.gptq.float_target_weight`). The float stream runs through
 an untouched copy of the layer, batch by batch beside the quantized one, so
 that each stage's cross term is summed as it goes: beyond the float stream's
-hidden states, it costs one extra decoder layer in memory and one float
-forward per stage, not every linear layer's float inputs.
+hidden states, it costs one extra decoder layer in memory and a float forward
+per stage, not every linear layer's float inputs. Each stage's forwards (float
+and quantized) stop at the stage's first linear layer, where its input has
+been seen.
 
 Calibration text comes from ``--calib FILE`` (windows of ``--calib-seq-len``
 tokens at evenly spaced offsets) or, by default, from the float model itself:
@@ -165,14 +167,23 @@ def _run_layer(layer: nn.Module, hidden: list[torch.Tensor], rope, positions) ->
     return [x[0] if isinstance(x, tuple) else x for x in out]
 
 
-def _run_one(layer: nn.Module, x: torch.Tensor, rope, positions) -> torch.Tensor:
-    return _run_layer(layer, [x], rope, positions)[0]
+class _Stop(Exception):
+    """Raised by a hook once it has the input it wanted: the rest of the layer need not run."""
+
+
+def _run_until(layer: nn.Module, x: torch.Tensor, rope, positions) -> None:
+    """Run ``layer`` on ``x`` until a hook raises :class:`_Stop`."""
+    try:
+        layer(x, attention_mask=None, position_ids=positions, position_embeddings=rope)
+    except _Stop:
+        pass
 
 
 def _stage_stats(layer: nn.Module, first: str, hidden, rope, positions, float_layer=None, hidden_f=None):
     """``H = X^T X`` of the inputs that ``layer``'s submodule ``first`` sees when the calibration windows run
     through ``layer``; with ``float_layer`` (the layer's float copy) and ``hidden_f`` (the float stream), also the
-    cross term ``R = X_f^T X`` with the inputs the copy's ``first`` sees, batch by batch; else None."""
+    cross term ``R = X_f^T X`` with the inputs the copy's ``first`` sees, batch by batch; else None. Each forward
+    stops at ``first``: nothing after it is needed."""
     lin = layer.get_submodule(first)
     k = lin.in_features
     h = torch.zeros(k, k, dtype=torch.float64, device=lin.weight.device)
@@ -183,15 +194,20 @@ def _stage_stats(layer: nn.Module, first: str, hidden, rope, positions, float_la
         h.add_(hessian(args[0]))
         if cross is not None:
             cross.add_(seen.pop().reshape(-1, k).double().T @ args[0].reshape(-1, k).double())
+        raise _Stop
+
+    def float_hook(module, args):
+        seen.append(args[0])
+        raise _Stop
 
     handles = [lin.register_forward_pre_hook(hook)]
     if float_layer is not None:
-        handles.append(float_layer.get_submodule(first).register_forward_pre_hook(lambda m, args: seen.append(args[0])))
+        handles.append(float_layer.get_submodule(first).register_forward_pre_hook(float_hook))
     try:
         for b, x in enumerate(hidden):
             if float_layer is not None:
-                _run_one(float_layer, hidden_f[b], rope, positions)
-            _run_one(layer, x, rope, positions)
+                _run_until(float_layer, hidden_f[b], rope, positions)
+            _run_until(layer, x, rope, positions)
     finally:
         for handle in handles:
             handle.remove()
