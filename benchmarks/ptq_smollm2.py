@@ -152,14 +152,15 @@ def main() -> int:
                    + (f" --calib CALIB --calib-samples {CALIB['samples']} --calib-seq-len {CALIB['seq_len']}"
                       if method == "gptq" else ""))
         stamp = work / f"{base}.built.json"
-        if stamp.is_file() and json.loads(stamp.read_text())["command"] == command:
-            return work / base, command, json.loads(stamp.read_text())["seconds"]
-        start = time.perf_counter()
-        opts = ConvertOptions(method=Method(method), group_size=group, planes=planes, act_order=act_order,
-                              float_target=float_target, calib=calib, device=args.device, overwrite=True)
-        convert(src, work / base, opts, progress=False)
-        stamp.write_text(json.dumps({"command": command, "seconds": time.perf_counter() - start}))
-        return work / base, command, time.perf_counter() - start
+        built = json.loads(stamp.read_text()) if stamp.is_file() else {}
+        if built.get("command") != command:
+            start = time.perf_counter()
+            opts = ConvertOptions(method=Method(method), group_size=group, planes=planes, act_order=act_order,
+                                  float_target=float_target, calib=calib, device=args.device, overwrite=True)
+            convert(src, work / base, opts, progress=False)
+            built = {"command": command, "seconds": time.perf_counter() - start}
+            stamp.write_text(json.dumps(built))
+        return work / base, command, built["seconds"]
 
     for name in wanted:
         if name not in ("bf16", "healed"):

@@ -174,7 +174,7 @@ class _Stop(Exception):
 def _run_until(layer: nn.Module, x: torch.Tensor, rope, positions) -> None:
     """Run ``layer`` on ``x`` until a hook raises :class:`_Stop`."""
     try:
-        layer(x, attention_mask=None, position_ids=positions, position_embeddings=rope)
+        _run_layer(layer, [x], rope, positions)
     except _Stop:
         pass
 
