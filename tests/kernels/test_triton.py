@@ -88,6 +88,36 @@ def test_gemm(n: int, k: int, group: int, m: int, dtype: torch.dtype) -> None:
 
 
 @pytest.mark.parametrize(("n", "k", "group"), SHAPES)
+@pytest.mark.parametrize("m", [1, 3, 16, 17, 64] if CUDA else [1, 17])
+@pytest.mark.parametrize("dtype", DTYPES)
+def test_skinny(n: int, k: int, group: int, m: int, dtype: torch.dtype) -> None:
+    from trit.kernels import skinny
+
+    packed, scale = layer(n, k, group, seed=n + k)
+    x, b = inputs(m, k, n, dtype, bias=m == 3, seed=m)
+    bk = skinny.block_k_for(group)
+    if CUDA:  # the default, and two sub-steps a trip over 128 rows
+        configs = [None, skinny.SkinnyConfig(128, bk, 2, 4, 3, 2)]
+    else:  # odd splits, and a second sub-step past the last word
+        configs = [skinny.SkinnyConfig(64, bk, 2, 4, 1), skinny.SkinnyConfig(64, bk, 3, 4, 1, 2)]
+    for cfg in configs:
+        y = skinny.skinny(x, packed.view(torch.int32), scale, group, b, cfg)
+        check(y.cpu(), reference_out(x, packed, scale, group, b), dtype)
+
+
+def test_skinny_slots_are_a_permutation() -> None:
+    """The activation order the decode implies, worked out in plain Python from the docstring's bit positions."""
+    from trit.kernels import skinny
+
+    want = []
+    for s in range(64):
+        b, h, t, e = s // 16, (s // 8) % 2, (s // 2) % 4, s % 2
+        want.append(16 * b + 8 * e + 2 * t + h)
+    assert sorted(want) == list(range(64))
+    assert skinny.slot_order(64) == want
+
+
+@pytest.mark.parametrize(("n", "k", "group"), SHAPES)
 @pytest.mark.parametrize("dtype", DTYPES)
 def test_dequant(n: int, k: int, group: int, dtype: torch.dtype) -> None:
     from trit.kernels import dequant
@@ -176,7 +206,7 @@ def test_op_with_int8_activations(m: int) -> None:
     y = torch.ops.trit.linear(x, packed, scale, group, None, True)
     check(y.cpu(), reference.linear_a8(x.cpu(), packed.cpu(), scale.cpu(), group), torch.bfloat16)
     name = ops.choose_kernel(ops.Problem.of(x, packed, group, True)).kernel.name
-    assert name == ("triton_gemm_a8" if m >= 64 else "triton_gemv" if m == 1 else "triton_gemm")
+    assert name == ("triton_gemm_a8" if m >= 64 else "triton_gemv" if m == 1 else "triton_skinny")
 
 
 @pytest.mark.parametrize(("n", "k"), [(40, 576), (64, 96)] + ([(1536, 8960)] if CUDA else []))
