@@ -1,4 +1,4 @@
-"""The GEMV's config space and untuned default: valid tiles for any shape, no duplicate candidates."""
+"""The GEMV's and the skinny GEMM's config spaces and untuned defaults; the shipped tuned table."""
 
 from __future__ import annotations
 
@@ -31,3 +31,32 @@ def test_default_config_fits_the_problem(n: int, k: int, m: int) -> None:
     # large layers: more rows a program and narrower steps, so that more rows share each step's activations
     if n >= 4096 and m <= 2 and kw >= 32:
         assert (c.block_n, c.block_kw) == (64, 32)
+
+
+@pytest.mark.parametrize("m", [1, 2, 16, 64])
+@pytest.mark.parametrize(("n", "k", "group"), [(28672, 4096, 64), (4096, 14336, 64), (1536, 1536, 64), (40, 576, 32),
+                                               (64, 96, -1), (17920, 1536, 128)])
+def test_skinny_default_config_fits_the_problem(n: int, k: int, group: int, m: int) -> None:
+    from trit.kernels import skinny
+
+    c = skinny.default_config(m, n, k, group)
+    assert all(_pow2(v) for v in (c.block_n, c.block_k, c.split_k, c.num_warps)), c
+    assert group == -1 or group % c.block_k == 0, c  # a step never spans two groups
+    assert c.split_k == 1 or k // (c.block_k * c.split_k) >= 4, c  # each split keeps four steps or more
+    assert len(set(skinny.configs_for(m, group))) == len(skinny.configs_for(m, group))
+
+
+def test_shipped_table_names_candidates_and_valid_configs() -> None:
+    """Every choice in the shipped tuned table is a candidate of the op; every config builds its kernel's config."""
+    import json
+
+    from trit.kernels import gemm, skinny, triton_candidates, tuning
+
+    data = json.loads((tuning.SHIPPED / "h200.json").read_text())
+    names = {k.name for k in triton_candidates()}
+    assert data["choice"] and all(f"triton_{c}" in names for c in data["choice"].values())
+    types = {"gemv": gemv.GemvConfig, "gemm": gemm.GemmConfig, "skinny": skinny.SkinnyConfig}
+    assert set(data["configs"]) == set(types)
+    for kernel, entries in data["configs"].items():
+        for cfg in entries.values():
+            types[kernel](**cfg)

@@ -54,9 +54,9 @@ class Row:
 
 
 def copy_bandwidth(gib: float = 2.0) -> float:
+    """Device-to-device copy, bytes read plus bytes written per second."""
     from trit.kernels import tuning
 
-    """Device-to-device copy, bytes read plus bytes written per second."""
     n = int(gib * 2**30) // 2
     a = torch.empty(n, dtype=torch.bfloat16, device="cuda").normal_()
     b = torch.empty_like(a)
@@ -78,7 +78,7 @@ def ternary_layer(n: int, k: int, group: int = GROUP, device: str = "cuda") -> t
 
 def bench_problem(n: int, k: int, m: int, l2: int, tune: bool) -> dict:
     from trit import ops
-    from trit.kernels import cuda, dequant, gemm, gemv, tuning
+    from trit.kernels import cuda, dequant, gemm, gemv, skinny, tuning
     from trit.kernels.reference import linear as ref_linear
 
     x = torch.randn(m, k, device="cuda", dtype=torch.bfloat16)
@@ -90,6 +90,7 @@ def bench_problem(n: int, k: int, m: int, l2: int, tune: bool) -> dict:
     if tune:
         for name, launch, cands in (
             ("gemv", gemv.gemv, gemv.CONFIGS if m <= gemv.MAX_M else ()),
+            ("skinny", skinny.skinny, skinny.configs_for(m, GROUP) if m <= skinny.MAX_M else ()),
             ("gemm", gemm.gemm, gemm.configs_for(m, GROUP) if m < cuda.DEQUANT_MIN_M else ()),
         ):
             if not cands:
@@ -197,7 +198,7 @@ def main(out_dir: Path, quick: bool = False, tune: bool = True, tuned_out: Path 
     (out_dir / "kernels.json").write_text(json.dumps(result, indent=1))
     if tuned_out is not None:
         table = {"device": torch.cuda.get_device_name(), "command": result["command"],
-                 "configs": {kernel: {} for kernel in ("gemv", "gemm")},
+                 "configs": {kernel: {} for kernel in ("gemv", "skinny", "gemm")},
                  "choice": {key: min(entry, key=lambda name: entry[name]["us"]) for key, entry in tuned.items() if entry}}
         for key, entry in tuned.items():
             for kernel, t in entry.items():

@@ -12,7 +12,7 @@ from __future__ import annotations
 import torch
 
 from trit.format import padded_k
-from trit.kernels import dequant, gemm, gemm_a8, gemv, tuning
+from trit.kernels import dequant, gemm, gemm_a8, gemv, skinny, tuning
 
 # from this many rows up, dequantize + cuBLAS beats decoding in registers (benchmarks/results)
 DEQUANT_MIN_M = 1024
@@ -47,6 +47,23 @@ def refuse_gemv(p) -> str | None:
     if p.m > GEMV_MAX_M_UNTUNED and tuning.preferred(tuning.key(p.m, p.n, p.k, p.group_size, p.dtype)) is None:
         return f"M = {p.m} > {GEMV_MAX_M_UNTUNED} and no tuned choice: the GEMM is faster there as a rule"
     return common_refusal(p) or _prefers_other(p, "gemv")
+
+
+def refuse_skinny(p) -> str | None:
+    if p.m > skinny.MAX_M:
+        return f"M = {p.m} > {skinny.MAX_M}: the skinny GEMM's narrow side is at most {skinny.MAX_M} rows"
+    if p.m == 1 and tuning.preferred(tuning.key(p.m, p.n, p.k, p.group_size, p.dtype)) is None:
+        return "M = 1 and no tuned choice: the GEMV is faster there as a rule"
+    if p.group_size != -1 and p.group_size % 32:
+        return f"group size {p.group_size} is not a multiple of 32 (the skinny GEMM's step)"
+    return common_refusal(p) or _capability_refusal() or _prefers_other(p, "skinny")
+
+
+def _capability_refusal() -> str | None:
+    major, minor = torch.cuda.get_device_capability()
+    if major < 8:
+        return f"compute capability {major}.{minor} < 8.0: no paired bf16 FMA"
+    return None
 
 
 def refuse_gemm(p) -> str | None:
@@ -92,6 +109,11 @@ def _run_tuned(name: str, launch, config_type, candidates, x, packed, scale, gro
 def run_gemv(x, packed, scale, group_size, bias=None):
     return _run_tuned("gemv", gemv.gemv, gemv.GemvConfig, lambda m, g: gemv.CONFIGS,
                       x, packed, scale, group_size, bias)
+
+
+def run_skinny(x, packed, scale, group_size, bias=None):
+    return _run_tuned("skinny", skinny.skinny, skinny.SkinnyConfig, skinny.configs_for, x, packed, scale, group_size,
+                      bias)
 
 
 def run_gemm(x, packed, scale, group_size, bias=None):
