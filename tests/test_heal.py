@@ -97,9 +97,11 @@ def test_heldout_windows_are_the_texts_tail(pair, tmp_path: Path) -> None:
     assert torch.equal(train[-1], ids[cut - 32:cut]) and train.shape == (8, 32)
 
 
-@pytest.mark.parametrize("change", [{"freeze_codes": True}, {"weight_lr": 0.0}], ids=["freeze-codes", "weight-lr-0"])
+@pytest.mark.parametrize("change", [{"freeze_codes": True}, {"weight_lr": 0.0}, {"scales_first": 20, "steps": 0}],
+                         ids=["freeze-codes", "weight-lr-0", "scales-first-only"])
 def test_scales_train_while_the_codes_stay(pair, tmp_path: Path, change: dict) -> None:
-    """``freeze_codes``, or a zero learning rate for the latent weights alone: the scales move, no code does."""
+    """``freeze_codes``, a zero learning rate for the latent weights alone, or a codes-fixed first phase whose
+    state stays the best: the scales move, no code does."""
     import dataclasses
 
     teacher, ckpt = pair
@@ -112,6 +114,51 @@ def test_scales_train_while_the_codes_stay(pair, tmp_path: Path, change: dict) -
             assert torch.equal(a, b), name  # every code as it was
     assert any(not torch.equal(a, b) for (name, a), b in zip(before.named_buffers(), after.buffers())
                if name.endswith("weight_scale"))
+
+
+def test_two_phases_scales_first_then_all(pair, tmp_path: Path) -> None:
+    """``scales_first``: a codes-fixed phase, then the main phase from its best state; one step count runs on."""
+    import dataclasses
+
+    teacher, ckpt = pair
+    opts = dataclasses.replace(OPTS, scales_first=10, steps=20)
+    report = heal(ckpt, teacher, tmp_path / "healed", opts, progress=False, log=lambda s: None)
+    assert [s for s, _ in report.heldout] == [0, 10, 20, 30]
+    assert report.steps == 30 and report.tokens == 30 * OPTS.batch * OPTS.seq_len
+    assert report.best[1] < report.heldout[1][1] < report.heldout[0][1]  # each phase lowered the held-out loss
+    before, after = runtime.load(ckpt, device="cpu").model, runtime.load(tmp_path / "healed", device="cpu").model
+    assert any(not torch.equal(a, b) for (name, a), b in zip(before.named_buffers(), after.buffers())
+               if name.endswith("weight_packed"))  # the second phase moved codes
+
+
+def test_cli_runs_two_phases(pair, tmp_path: Path, capsys: pytest.CaptureFixture) -> None:
+    from trit.cli import main
+
+    teacher, ckpt = pair
+    rc = main(["heal", str(ckpt), str(tmp_path / "healed"), "--teacher", str(teacher), "--scales-first", "3",
+               "--steps", "3", "--batch", "2", "--seq-len", "16", "--train-samples", "4", "--heldout-samples", "2",
+               "--eval-every", "3", "--device", "cpu", "--quiet"])
+    assert rc == 0 and audit(tmp_path / "healed").ok
+    assert "6 steps" in capsys.readouterr().out
+
+
+def test_unfreeze_starts_from_the_fixed_codes_and_new_scales(pair) -> None:
+    from trit.heal import QATLinear
+
+    _, ckpt = pair
+    layer = QATLinear(runtime.load(ckpt, device="cpu").model.model.layers[0].mlp.up_proj)
+    layer.freeze()
+    t0 = layer.frozen.clone()
+    with torch.no_grad():
+        layer.scale.mul_(2.5)  # a scale that grew: rounding the old weight by it zeroes every code
+        naive = torch.round(layer.weight.view(t0.shape) / layer.scale.abs()[:, :, None]).clamp(-1, 1)
+    assert not torch.equal(naive, t0)
+    x = torch.randn(3, layer.in_features)
+    frozen_out = layer(x)
+    layer.unfreeze()
+    assert layer.frozen is None and layer.weight.requires_grad
+    torch.testing.assert_close(layer.codes()[0], t0, rtol=0, atol=0)
+    torch.testing.assert_close(layer(x), frozen_out, rtol=1e-5, atol=1e-5)
 
 
 @pytest.mark.parametrize("tie", [False, True], ids=["untied", "tied"])

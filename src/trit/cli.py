@@ -133,6 +133,10 @@ def _parser() -> argparse.ArgumentParser:
     h.add_argument("--heldout-samples", type=int, default=16)
     h.add_argument("--sample-batch", type=int, default=64, help="data-free: sequences the teacher samples at once")
     h.add_argument("--freeze-codes", action="store_true", help="train the scales and norms only; the codes stay")
+    h.add_argument("--scales-first", type=int, default=0, metavar="N",
+                   help="first N steps with every code fixed (scales and norms learn, and the embeddings with "
+                        "--train-embeddings); --steps more from that phase's best state")
+    h.add_argument("--scales-first-lr", type=float, default=3e-3, help="the scales' learning rate in that first phase")
     h.add_argument("--eval-every", type=int, default=25)
     h.add_argument("--grad-checkpointing", action=argparse.BooleanOptionalAction, default=True,
                    help="recompute activations in the backward pass (less memory, one more forward pass a step)")
@@ -213,7 +217,8 @@ def _dispatch(args: argparse.Namespace) -> int:
         opts = HealOptions(args.steps, args.lr, args.batch, args.seq_len, args.data, args.train_samples,
                            args.heldout_samples, args.eval_every, args.device, sample_batch=args.sample_batch,
                            grad_checkpointing=args.grad_checkpointing, freeze_codes=args.freeze_codes,
-                           weight_lr=args.weight_lr, train_embeddings=args.train_embeddings)
+                           weight_lr=args.weight_lr, train_embeddings=args.train_embeddings,
+                           scales_first=args.scales_first, scales_first_lr=args.scales_first_lr)
         heal(args.ckpt, args.teacher, args.out_dir, opts, overwrite=args.overwrite, progress=not args.quiet)
         return 0
     if args.command == "generate":

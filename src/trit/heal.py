@@ -67,6 +67,10 @@ class HealOptions:
     freeze_codes: bool = False  # train the scales and norms only; every ternary code stays as it is
     weight_lr: float | None = 5e-5  # learning rate of the latent weights and the embeddings (None: lr)
     train_embeddings: bool = False  # the float embeddings and lm_head (tied or not) train too, at weight_lr
+    # a first phase of this many steps with every code fixed (scales, norms and embeddings learn, the scales at
+    # scales_first_lr); the main phase then starts from its best held-out state (0: one phase)
+    scales_first: int = 0
+    scales_first_lr: float = 3e-3
 
 
 @dataclass
@@ -106,6 +110,16 @@ class QATLinear(nn.Module):
         """Fix the codes: from now on only the scales learn, with the codes as constants (``d(t a)/da = t``)."""
         self.frozen = self.codes()[0].detach()
         self.weight.requires_grad_(False)
+
+    def unfreeze(self) -> None:
+        """Let the codes move again, from the grid point of the fixed codes and the scales learned meanwhile."""
+        if self.frozen is None:
+            return
+        with torch.no_grad():
+            t, a = self.codes()
+            self.weight.copy_((t * a).view(self.weight.shape))
+        self.frozen = None
+        self.weight.requires_grad_(True)
 
     def codes(self) -> tuple[torch.Tensor, torch.Tensor]:  # (N, G, g) in {-1, 0, 1} float, scales (N, G, 1)
         n, k_pad = self.weight.shape
@@ -212,11 +226,70 @@ def heal(
     student = loaded.model
     qat = _swap_in_qat(student)
     student.requires_grad_(False)
-    if opts.freeze_codes:
-        for m in qat.values():
-            m.freeze()
+    if opts.grad_checkpointing and hasattr(student, "gradient_checkpointing_enable"):
+        student.gradient_checkpointing_enable()
+    student.config.use_cache = False
+    student.train()
+    report = HealReport(out, train_windows=train.cpu())
+    report.heldout.append((0, _heldout_kl(student, teacher_heldout, heldout, opts.batch, amp)))
+    best = _snapshot(student, qat)
+    start = time.perf_counter()
+    gen = torch.Generator().manual_seed(opts.seed)
+    phases = [(opts.scales_first, opts.scales_first_lr, True)] if opts.scales_first > 0 else []
+    phases.append((opts.steps, opts.lr, opts.freeze_codes))
+    done = 0
+    for i, (steps, lr, freeze) in enumerate(phases):
+        if i > 0:  # the next phase starts from the best state so far
+            _restore(student, qat, best)
+        trainable, optim, sched = _phase_setup(student, qat, opts, steps, lr, freeze)
+        desc = "heal" if len(phases) == 1 else f"heal {i + 1}/{len(phases)}"
+        for step in tqdm(range(done + 1, done + steps + 1), desc=desc, unit="step", disable=not progress):
+            idx = torch.randint(0, train.shape[0], (opts.batch,), generator=gen)
+            x = train[idx.to(train.device)]
+            with torch.no_grad(), amp():
+                t_logits = teacher(x).logits
+            with amp():
+                loss = _kl(student(x).logits, t_logits)
+            optim.zero_grad(set_to_none=True)
+            loss.backward()
+            torch.nn.utils.clip_grad_norm_(trainable, 1.0)
+            optim.step()
+            sched.step()
+            if step % opts.eval_every == 0 or step == done + steps:
+                report.heldout.append((step, _heldout_kl(student, teacher_heldout, heldout, opts.batch, amp)))
+                if report.heldout[-1][1] <= report.best[1]:
+                    best = _snapshot(student, qat)
+        done += steps
+    report.steps, report.seconds = done, time.perf_counter() - start
+    report.tokens = done * opts.batch * train.shape[1]
+    _restore(student, qat, best)
+    _write(loaded, qat, student, out, progress)
+    log(report.summary())
+    return report
+
+
+def _snapshot(student: nn.Module, qat: dict[str, QATLinear]) -> tuple[dict, dict]:
+    """The student's parameters, and each ternary layer's fixed codes (None where the codes move)."""
+    return (copy.deepcopy({k: v.detach().cpu() for k, v in student.state_dict().items()}),
+            {name: None if m.frozen is None else m.frozen.clone() for name, m in qat.items()})
+
+
+def _restore(student: nn.Module, qat: dict[str, QATLinear], snapshot: tuple[dict, dict]) -> None:
+    state, frozen = snapshot
+    student.load_state_dict(state)
+    for name, m in qat.items():
+        m.frozen = frozen[name]
+
+
+def _phase_setup(student: nn.Module, qat: dict[str, QATLinear], opts: HealOptions, steps: int, lr: float,
+                 freeze: bool) -> tuple[list[nn.Parameter], torch.optim.Optimizer, torch.optim.lr_scheduler.LambdaLR]:
+    """One phase's trainable parameters (codes fixed or not), AdamW and its schedule: a linear warm-up over 5% of
+    the steps, then cosine down to 10%. Scales and norms learn at ``lr``, latent weights and embeddings at
+    ``opts.weight_lr``."""
+    for m in qat.values():
+        m.freeze() if freeze else m.unfreeze()
     scales = [m.scale for m in qat.values()] + [p for n, p in student.named_parameters() if "norm" in n]
-    weights = [] if opts.freeze_codes else [m.weight for m in qat.values()]
+    weights = [] if freeze else [m.weight for m in qat.values()]
     if opts.train_embeddings:
         embeddings = (student.get_input_embeddings(), student.get_output_embeddings())  # a ternary lm_head: not here
         weights += list({id(e.weight): e.weight for e in embeddings if e is not None and not isinstance(e, QATLinear)
@@ -224,44 +297,14 @@ def heal(
     trainable = scales + weights
     for p in trainable:
         p.requires_grad_(True)
-    if opts.grad_checkpointing and hasattr(student, "gradient_checkpointing_enable"):
-        student.gradient_checkpointing_enable()
-    student.config.use_cache = False
-    student.train()
-    groups = [{"params": scales, "lr": opts.lr}]
+    groups = [{"params": scales, "lr": lr}]
     if weights:
-        groups.append({"params": weights, "lr": opts.lr if opts.weight_lr is None else opts.weight_lr})
+        groups.append({"params": weights, "lr": lr if opts.weight_lr is None else opts.weight_lr})
     optim = torch.optim.AdamW(groups, weight_decay=0.0)
-    warmup = max(1, opts.steps // 20)  # linear warm-up over 5% of the steps, then cosine down to 10%
+    warmup = max(1, steps // 20)
     sched = torch.optim.lr_scheduler.LambdaLR(optim, lambda s: min(1.0, (s + 1) / warmup) * (
-        0.55 + 0.45 * math.cos(math.pi * min(1.0, s / max(1, opts.steps)))))
-    report = HealReport(out, train_windows=train.cpu())
-    report.heldout.append((0, _heldout_kl(student, teacher_heldout, heldout, opts.batch, amp)))
-    best_state = copy.deepcopy({k: v.detach().cpu() for k, v in student.state_dict().items()})
-    start = time.perf_counter()
-    gen = torch.Generator().manual_seed(opts.seed)
-    for step in tqdm(range(1, opts.steps + 1), desc="heal", unit="step", disable=not progress):
-        idx = torch.randint(0, train.shape[0], (opts.batch,), generator=gen)
-        x = train[idx.to(train.device)]
-        with torch.no_grad(), amp():
-            t_logits = teacher(x).logits
-        with amp():
-            loss = _kl(student(x).logits, t_logits)
-        optim.zero_grad(set_to_none=True)
-        loss.backward()
-        torch.nn.utils.clip_grad_norm_(trainable, 1.0)
-        optim.step()
-        sched.step()
-        if step % opts.eval_every == 0 or step == opts.steps:
-            report.heldout.append((step, _heldout_kl(student, teacher_heldout, heldout, opts.batch, amp)))
-            if report.heldout[-1][1] <= report.best[1]:
-                best_state = copy.deepcopy({k: v.detach().cpu() for k, v in student.state_dict().items()})
-    report.steps, report.seconds = opts.steps, time.perf_counter() - start
-    report.tokens = opts.steps * opts.batch * train.shape[1]
-    student.load_state_dict(best_state)
-    _write(loaded, qat, student, out, progress)
-    log(report.summary())
-    return report
+        0.55 + 0.45 * math.cos(math.pi * min(1.0, s / max(1, steps)))))
+    return trainable, optim, sched
 
 
 def _write(loaded, qat: dict[str, QATLinear], student: nn.Module, out: Path, progress: bool) -> None:
