@@ -7,7 +7,8 @@
         --heal base=gptq-g64-float-target,freeze=1,lr=1e-3,steps=400 --heal from=prev,lr=1e-4,steps=400 --out x.json
 
 Each ``--heal`` adds one healed row: the keys of ``HEAL_KEYS`` override the
-``--heal-*`` flags; ``from=prev`` starts from the previous ``--heal``'s
+``--heal-*`` flags (``first=N,first_lr=X``: ``trit heal --scales-first N
+--scales-first-lr X``, two phases in one run); ``from=prev`` starts from the previous ``--heal``'s
 output (a second phase), ``base=VARIANT`` from that quantized variant.
 ``--work DIR`` keeps every checkpoint made there and reuses a quantized
 variant built by the same command, so runs can be split over several calls.
@@ -48,14 +49,16 @@ VARIANTS = {  # name: (method, group, planes, act_order, float_target); "bf16" a
     "healed": None,  # --heal-base (gptq-g64 by default), then trit heal
 }
 HEAL_KEYS = {"base": str, "from": str, "steps": int, "lr": float, "weight_lr": float, "batch": int, "seq_len": int,
-             "data": str, "samples": int, "freeze": int, "gc": int, "sample_batch": int, "emb": int}
+             "data": str, "samples": int, "freeze": int, "gc": int, "sample_batch": int, "emb": int, "first": int,
+             "first_lr": float}
 
 
 def heal_specs(args: argparse.Namespace) -> list[dict]:
     """One dict per healed row: the ``--heal-*`` flags, overridden by each ``--heal k=v,...``."""
     default = {"base": args.heal_base, "from": None, "steps": args.heal_steps, "lr": args.heal_lr, "weight_lr": None,
                "batch": args.heal_batch, "seq_len": 256, "data": args.heal_data, "samples": args.heal_samples,
-               "freeze": int(args.heal_freeze_codes), "gc": 1, "sample_batch": 64, "emb": 0}
+               "freeze": int(args.heal_freeze_codes), "gc": 1, "sample_batch": 64, "emb": 0, "first": 0,
+               "first_lr": 3e-3}
     specs = []
     for text in args.heal or ([""] if "healed" in args.variants.split(",") else []):
         spec = dict(default)
@@ -72,9 +75,9 @@ def heal_specs(args: argparse.Namespace) -> list[dict]:
     return specs
 
 
-def main() -> int:
+def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     ap = argparse.ArgumentParser()
-    ap.add_argument("--out", type=Path, required=True)
+    ap.add_argument("--out", type=Path, default=None, help="the JSON to write (required to run)")
     ap.add_argument("--device", default="cpu")
     ap.add_argument("--variants", default=",".join(VARIANTS))
     ap.add_argument("--float", type=Path, default=None, help="the bf16 checkpoint (default: made from the GGUF)")
@@ -94,7 +97,13 @@ def main() -> int:
                          "and heal text come from: 0:0.5 and 0.5:1 give two disjoint sets of windows")
     ap.add_argument("--heal", action="append", help="one healed row: k=v pairs over the --heal-* flags (see above)")
     ap.add_argument("--work", type=Path, default=None, help="keep checkpoints here; reuse variants built here")
-    args = ap.parse_args()
+    return ap.parse_args(argv)
+
+
+def main() -> int:
+    args = parse_args()
+    if args.out is None:
+        raise SystemExit("--out: the JSON to write is required")
     specs = heal_specs(args)
     CALIB.update(samples=args.calib_samples, seq_len=args.calib_seq_len)
     wikitext = args.text
@@ -173,7 +182,8 @@ def main() -> int:
                             seq_len=spec["seq_len"], device=args.device, train_samples=spec["samples"],
                             data=calib_file if spec["data"] == "text" else None, freeze_codes=bool(spec["freeze"]),
                             grad_checkpointing=bool(spec["gc"]), sample_batch=spec["sample_batch"],
-                            train_embeddings=bool(spec["emb"]))
+                            train_embeddings=bool(spec["emb"]), scales_first=spec["first"],
+                            scales_first_lr=spec["first_lr"])
         start = time.perf_counter()
         out = work / f"healed-{i}"
         report = heal(ckpt, src, out, hopts, progress=False, overwrite=True)
@@ -183,6 +193,7 @@ def main() -> int:
                     f"--train-samples {spec['samples']}" + (" --freeze-codes" if spec["freeze"] else "")
                     + (f" --weight-lr {spec['weight_lr']}" if spec["weight_lr"] is not None else "")
                     + (" --train-embeddings" if spec["emb"] else "")
+                    + (f" --scales-first {spec['first']} --scales-first-lr {spec['first_lr']}" if spec["first"] else "")
                     + ("" if spec["gc"] else " --no-grad-checkpointing"))
         seconds = (0.0 if prev is None or spec["from"] != "prev" else prev[2]) + time.perf_counter() - start
         record("healed", out, command, seconds, audit(out, values=False).bits_per_weight,

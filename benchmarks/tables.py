@@ -122,8 +122,13 @@ def _ptq_name(row: dict) -> str:
         what += "+embeddings" if "--train-embeddings" in words else ""
         seq = _flag(row, "--seq-len", i)
         weight_lr = _flag(row, "--weight-lr", i)
-        phases.append(f"{'text' if '--data' in words else 'teacher-sampled'} data, batch {_flag(row, '--batch', i) or 8}"
-                      + (f"x{seq}" if seq else "") + f", {what}, lr {_flag(row, '--lr', i)}"
+        data = f"{'text' if '--data' in words else 'teacher-sampled'} data, batch {_flag(row, '--batch', i) or 8}" + (
+            f"x{seq}" if seq else "")
+        first = _flag(row, "--scales-first", i)
+        if first:  # two phases in one run
+            phases.append(f"{data}, scales+norms{what.removeprefix('all')}, lr {_flag(row, '--scales-first-lr', i)}, "
+                          f"{first} steps")
+        phases.append(f"{data}, {what}, lr {_flag(row, '--lr', i)}"
                       + (f", weight lr {weight_lr}" if weight_lr else "") + f", {_flag(row, '--steps', i)} steps")
     return f"healed ({base}; {' -> '.join(phases)})"
 
