@@ -67,8 +67,8 @@ class HealOptions:
     freeze_codes: bool = False  # train the scales and norms only; every ternary code stays as it is
     weight_lr: float | None = 5e-5  # learning rate of the latent weights and the embeddings (None: lr)
     train_embeddings: bool = False  # the float embeddings and lm_head (tied or not) train too, at weight_lr
-    # a first phase of this many steps with every code fixed (scales, norms and embeddings learn, the scales at
-    # scales_first_lr); the main phase then starts from its best held-out state (0: one phase)
+    # a first phase of this many steps with every code fixed (the scales learn at scales_first_lr, with the norms,
+    # and the embeddings when train_embeddings); the main phase then starts from its best held-out state (0: one phase)
     scales_first: int = 0
     scales_first_lr: float = 3e-3
 
@@ -287,7 +287,10 @@ def _phase_setup(student: nn.Module, qat: dict[str, QATLinear], opts: HealOption
     the steps, then cosine down to 10%. Scales and norms learn at ``lr``, latent weights and embeddings at
     ``opts.weight_lr``."""
     for m in qat.values():
-        m.freeze() if freeze else m.unfreeze()
+        if freeze:
+            m.freeze()
+        else:
+            m.unfreeze()
     scales = [m.scale for m in qat.values()] + [p for n, p in student.named_parameters() if "norm" in n]
     weights = [] if freeze else [m.weight for m in qat.values()]
     if opts.train_embeddings:
