@@ -186,6 +186,19 @@ def test_train_embeddings_writes_them(tmp_path: Path, tie: bool) -> None:
     assert (healed.get_output_embeddings().weight is healed.get_input_embeddings().weight) == tie
 
 
+@pytest.mark.parametrize(("change", "flag"), [({"steps": -1}, "--steps"), ({"scales_first": -3}, "--scales-first"),
+                                              ({"batch": 0}, "--batch"), ({"lr": float("nan")}, "--lr")])
+def test_heal_refuses_bad_options_before_writing(pair, tmp_path: Path, change: dict, flag: str) -> None:
+    import dataclasses
+
+    from trit.convert import ConvertError
+
+    teacher, ckpt = pair
+    with pytest.raises(ConvertError, match=f"heal {flag} "):
+        heal(ckpt, teacher, tmp_path / "out", dataclasses.replace(OPTS, **change), progress=False)
+    assert not (tmp_path / "out").exists()
+
+
 def test_heal_refuses_a_float_checkpoint(pair, tmp_path: Path) -> None:
     from trit.convert import ConvertError
 

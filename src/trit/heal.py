@@ -207,6 +207,7 @@ def heal(
     from trit import runtime
 
     ckpt_dir, out = Path(ckpt_dir), Path(out_dir)
+    _check_options(opts)
     check_paths(ckpt_dir, out, overwrite)
     device = opts.device or runtime.default_device()
     # no kernel warm-up: the ternary layers are swapped for trainable ones at once
@@ -266,6 +267,21 @@ def heal(
     _write(loaded, qat, student, out, progress)
     log(report.summary())
     return report
+
+
+def _check_options(opts: HealOptions) -> None:
+    """Counts and rates a run can use, named by their flags; before anything is loaded or written."""
+    at_least = {"--steps": (opts.steps, 0), "--scales-first": (opts.scales_first, 0), "--batch": (opts.batch, 1),
+                "--seq-len": (opts.seq_len, 2), "--train-samples": (opts.train_samples, 1),
+                "--heldout-samples": (opts.heldout_samples, 1), "--eval-every": (opts.eval_every, 1),
+                "--sample-batch": (opts.sample_batch, 1)}
+    for flag, (value, low) in at_least.items():
+        if value < low:
+            raise ConvertError(f"heal {flag} {value}: must be at least {low}")
+    rates = {"--lr": opts.lr, "--scales-first-lr": opts.scales_first_lr, "--weight-lr": opts.weight_lr}
+    for flag, value in rates.items():
+        if value is not None and not (value >= 0 and math.isfinite(value)):
+            raise ConvertError(f"heal {flag} {value}: must be a finite rate, 0 or more")
 
 
 def _snapshot(student: nn.Module, qat: dict[str, QATLinear]) -> tuple[dict, dict]:
