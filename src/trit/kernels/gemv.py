@@ -230,10 +230,8 @@ def gemv(
     if k != kw * 16:  # zero columns past K meet the zero (padded) weights: no K masks
         x = torch.nn.functional.pad(x, (0, kw * 16 - k))
     cfg = config or default_config(n, k, m)
-    y = torch.empty((m, n), device=x.device, dtype=x.dtype)
     grid = (triton.cdiv(n, cfg.block_n), cfg.split_k)
-    splitk.check_blocks(grid[0])
-    ws = splitk.workspace(cfg.split_k, m, n, x.device) if cfg.split_k > 1 else y
+    y, ws = splitk.outputs(x, n, cfg.split_k, grid[0])
     even = n % cfg.block_n == 0 and kw % (cfg.block_kw * cfg.split_k) == 0
     _gemv_kernel[grid](
         x, words, scale, bias if bias is not None else scale, y, ws, splitk.counters(x.device),

@@ -270,10 +270,8 @@ def skinny(
     assert 1 <= m <= MAX_M and x.stride(1) == 1 and words.is_contiguous() and scale.is_contiguous()
     cfg = config or default_config(m, n, k, group_size)
     assert group_size == -1 or group_size % cfg.block_k == 0, "BLOCK_K must not span two groups"
-    y = torch.empty((m, n), device=x.device, dtype=x.dtype)
     grid = (triton.cdiv(n, cfg.block_n), cfg.split_k)
-    splitk.check_blocks(grid[0])
-    ws = splitk.workspace(cfg.split_k, m, n, x.device) if cfg.split_k > 1 else y
+    y, ws = splitk.outputs(x, n, cfg.split_k, grid[0])
     _skinny_kernel[grid](
         x, words, scale, bias if bias is not None else scale, y, ws, splitk.counters(x.device),
         m, n, k, kw, scale.shape[1], x.stride(0),

@@ -60,14 +60,15 @@ def store_or_reduce(
                 tl.atomic_xchg(lock_ptr + pid_n, 0, sem="relaxed", scope="gpu")
 
 
-def workspace(split_k: int, m: int, n: int, device: torch.device) -> torch.Tensor:
-    return torch.empty((split_k, m, n), dtype=torch.float32, device=device)
-
-
-def check_blocks(n_blocks: int) -> None:
-    if n_blocks > MAX_BLOCKS:
-        raise ValueError(f"{n_blocks} row blocks > {MAX_BLOCKS} split-K counters")
-
+def outputs(x: torch.Tensor, n: int, split_k: int, blocks: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """The ``(M, N)`` output (``x``'s rows, device and dtype) and the ``(SPLIT_K, M, N)`` fp32 workspace of the
+    partials (the output itself, unused, without a split); more row blocks than counters is an error."""
+    if blocks > MAX_BLOCKS:
+        raise ValueError(f"{blocks} row blocks > {MAX_BLOCKS} split-K counters")
+    m = x.shape[0]
+    y = torch.empty((m, n), device=x.device, dtype=x.dtype)
+    ws = torch.empty((split_k, m, n), dtype=torch.float32, device=x.device) if split_k > 1 else y
+    return y, ws
 
 
 @triton.jit
