@@ -53,6 +53,14 @@ def decode_i8(words):
 
 
 @triton.jit
+def split_halves(words, DTYPE: tl.constexpr):
+    """``[...]`` int32 -> ``[..., 2]`` DTYPE (bf16 or fp16): each word's low and high 16 bits, as they are."""
+    lo = (words & 0xFFFF).to(tl.uint16)
+    hi = ((words >> 16) & 0xFFFF).to(tl.uint16)
+    return tl.join(lo, hi).to(DTYPE, bitcast=True)
+
+
+@triton.jit
 def decode_pairs(words, DTYPE: tl.constexpr, INTERPRET: tl.constexpr = False):
     """``[R, W]`` int32 words -> ``[R, W * 16]`` values in {-1, 0, 1} of ``DTYPE`` (bf16 or fp16), natural K order."""
     if DTYPE.is_bf16():
@@ -63,9 +71,7 @@ def decode_pairs(words, DTYPE: tl.constexpr, INTERPRET: tl.constexpr = False):
         bias: tl.constexpr = 1025.0
     shifts = 2 * tl.arange(0, 8)
     halves = ((words[:, :, None] >> shifts[None, None, :]) & 0x00030003) | magic  # [R, W, 8] int32
-    lo = (halves & 0xFFFF).to(tl.uint16)  # code i
-    hi = ((halves >> 16) & 0xFFFF).to(tl.uint16)  # code i + 8
-    vals = tl.join(lo, hi).to(DTYPE, bitcast=True)  # [R, W, 8, 2]: 128 + c (bf16) or 1024 + c (fp16)
+    vals = split_halves(halves, DTYPE)  # [R, W, 8, 2]: 128 + c (bf16) or 1024 + c (fp16), codes i and i + 8
     vals = tl.permute(vals, (0, 1, 3, 2))  # [R, W, 2, 8]: position 8*j + i holds code i + 8*j
     if INTERPRET:  # the CPU interpreter's bf16 arithmetic is not exact: subtract in fp32 there
         vals = (vals.to(tl.float32) - bias).to(DTYPE)

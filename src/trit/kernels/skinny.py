@@ -1,8 +1,9 @@
-"""Skinny tensor-core GEMM: ``y = x @ W.T`` for decode (M from 1 to 16), weights as the wide operand.
+"""Skinny tensor-core GEMM: ``y = x @ W.T`` for decode batches (M up to 64), weights as the wide operand.
 
 The problem is turned around: ``y.T = W @ x.T``, so that a block of
 ``BLOCK_N`` weight rows fills the tensor core's 64-row side and the few
-activation rows its narrow side (16, padded with zeros). Hopper's warpgroup MMA
+activation rows its narrow side (M rounded up to 16, 32 or 64, padded with
+zeros). Hopper's warpgroup MMA
 then takes the decoded weights straight from registers, and the activations
 from shared memory. Decoding is the only per-weight work: no multiply or add
 per weight and per activation row, as on CUDA cores.
@@ -40,7 +41,7 @@ import triton
 import triton.language as tl
 
 from trit.kernels import splitk
-from trit.kernels.decode import interpreting
+from trit.kernels.decode import interpreting, split_halves
 
 MAX_M = 64
 
@@ -126,10 +127,8 @@ def _code_pairs(shifted, H: tl.constexpr, DTYPE: tl.constexpr, INTERPRET: tl.con
         else:
             magic: tl.constexpr = 0x64006400
             base: tl.constexpr = 1024.0
-        halves = (shifted & (0x00030003 << (2 * H))) | magic
-        lo = (halves & 0xFFFF).to(tl.uint16).to(DTYPE, bitcast=True).to(tl.float32)
-        hi = ((halves >> 16) & 0xFFFF).to(tl.uint16).to(DTYPE, bitcast=True).to(tl.float32)
-        return (tl.join(lo, hi) * (1.0 / (1 << (2 * H))) - (base / (1 << (2 * H)) + 1.0)).to(DTYPE)
+        vals = split_halves((shifted & (0x00030003 << (2 * H))) | magic, DTYPE).to(tl.float32)
+        return (vals * (1.0 / (1 << (2 * H))) - (base / (1 << (2 * H)) + 1.0)).to(DTYPE)
     else:
         twice = tl.join(shifted, shifted)  # pack=2 hands the asm two elements: the same word, for one register
         if DTYPE.is_bf16():
