@@ -13,7 +13,7 @@ from trit.eval.audit import audit
 from trit.heal import HealOptions, heal
 
 OPTS = HealOptions(steps=30, lr=3e-3, weight_lr=3e-3, batch=4, seq_len=32, train_samples=16, heldout_samples=4,
-                   eval_every=10, device="cpu")
+                   eval_every=10, device="cpu", scales_first=0)
 
 
 @pytest.fixture(scope="module")
@@ -75,7 +75,7 @@ def test_heal_from_text(pair, tmp_path: Path) -> None:
     text = tmp_path / "train.txt"
     text.write_text("ternary weights, four to a byte; " * 60)
     opts = HealOptions(steps=4, lr=3e-3, weight_lr=3e-3, batch=2, seq_len=32, data=text, train_samples=8,
-                       heldout_samples=2, eval_every=2, device="cpu")
+                       heldout_samples=2, eval_every=2, device="cpu", scales_first=0)
     report = heal(ckpt, teacher, tmp_path / "healed", opts, progress=False, log=lambda s: None)
     assert [s for s, _ in report.heldout] == [0, 2, 4]
     assert report.train_windows.shape == (8, 32)
@@ -140,6 +140,19 @@ def test_cli_runs_two_phases(pair, tmp_path: Path, capsys: pytest.CaptureFixture
                "--eval-every", "3", "--device", "cpu", "--quiet"])
     assert rc == 0 and audit(tmp_path / "healed").ok
     assert "6 steps" in capsys.readouterr().out
+
+
+def test_cli_defaults_are_the_library_defaults() -> None:
+    """``trit heal`` with no options runs ``HealOptions()``: the measured recipe, two phases."""
+    from trit.cli import _parser
+
+    args = _parser().parse_args(["heal", "ckpt", "out", "--teacher", "teacher"])
+    defaults = HealOptions()
+    for name in ("steps", "lr", "weight_lr", "batch", "seq_len", "train_samples", "heldout_samples", "sample_batch",
+                 "scales_first", "scales_first_lr", "eval_every", "grad_checkpointing", "freeze_codes",
+                 "train_embeddings", "data", "device"):
+        assert getattr(args, name) == getattr(defaults, name), name
+    assert defaults.scales_first > 0 and defaults.weight_lr > defaults.lr  # codes fixed first, then weights move
 
 
 def test_unfreeze_starts_from_the_fixed_codes_and_new_scales(pair) -> None:

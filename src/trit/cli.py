@@ -17,6 +17,7 @@ from trit.calibrate import CalibOptions
 from trit.checkpoint import CheckpointError
 from trit.convert import ConvertOptions
 from trit.errors import TritError
+from trit.heal import HealOptions
 from trit.quant import Method
 
 EXIT_USAGE = 2
@@ -118,26 +119,30 @@ def _parser() -> argparse.ArgumentParser:
     i.add_argument("--overwrite", action="store_true", help="replace a non-empty OUT_DIR")
     i.add_argument("--quiet", action="store_true", help="no progress bar")
 
+    heal_defaults = HealOptions()  # one set of defaults: the CLI shows the library's
     h = sub.add_parser("heal", help="quantization-aware distillation of a ternary checkpoint from its float teacher")
     h.add_argument("ckpt", type=Path, help="a trit checkpoint (one plane)")
     h.add_argument("out_dir", type=Path)
     h.add_argument("--teacher", type=Path, required=True, help="the float checkpoint it was made from")
-    h.add_argument("--steps", type=int, default=300)
-    h.add_argument("--lr", type=float, default=1e-3, help="learning rate of the scales and norms")
-    h.add_argument("--weight-lr", type=float, default=5e-5, help="learning rate of the latent weights and embeddings")
+    h.add_argument("--steps", type=int, default=heal_defaults.steps)
+    h.add_argument("--lr", type=float, default=heal_defaults.lr, help="learning rate of the scales and norms")
+    h.add_argument("--weight-lr", type=float, default=heal_defaults.weight_lr,
+                   help="learning rate of the latent weights and embeddings")
     h.add_argument("--train-embeddings", action="store_true", help="the float embeddings and lm_head train too")
-    h.add_argument("--batch", type=int, default=16)
-    h.add_argument("--seq-len", type=int, default=256)
+    h.add_argument("--batch", type=int, default=heal_defaults.batch)
+    h.add_argument("--seq-len", type=int, default=heal_defaults.seq_len)
     h.add_argument("--data", type=Path, default=None, help="training text (default: sequences the teacher samples)")
-    h.add_argument("--train-samples", type=int, default=2048)
-    h.add_argument("--heldout-samples", type=int, default=16)
-    h.add_argument("--sample-batch", type=int, default=64, help="data-free: sequences the teacher samples at once")
+    h.add_argument("--train-samples", type=int, default=heal_defaults.train_samples)
+    h.add_argument("--heldout-samples", type=int, default=heal_defaults.heldout_samples)
+    h.add_argument("--sample-batch", type=int, default=heal_defaults.sample_batch,
+                   help="data-free: sequences the teacher samples at once")
     h.add_argument("--freeze-codes", action="store_true", help="train the scales and norms only; the codes stay")
-    h.add_argument("--scales-first", type=int, default=0, metavar="N",
+    h.add_argument("--scales-first", type=int, default=heal_defaults.scales_first, metavar="N",
                    help="first N steps with every code fixed (scales and norms learn, and the embeddings with "
-                        "--train-embeddings); --steps more from that phase's best state")
-    h.add_argument("--scales-first-lr", type=float, default=3e-3, help="the scales' learning rate in that first phase")
-    h.add_argument("--eval-every", type=int, default=25)
+                        "--train-embeddings); --steps more from that phase's best state (0: one phase)")
+    h.add_argument("--scales-first-lr", type=float, default=heal_defaults.scales_first_lr,
+                   help="the scales' learning rate in that first phase")
+    h.add_argument("--eval-every", type=int, default=heal_defaults.eval_every)
     h.add_argument("--grad-checkpointing", action=argparse.BooleanOptionalAction, default=True,
                    help="recompute activations in the backward pass (less memory, one more forward pass a step)")
     h.add_argument("--device", default=None, help="cpu or cuda (default: cuda if present)")
@@ -212,7 +217,7 @@ def _dispatch(args: argparse.Namespace) -> int:
     if args.command == "import":
         return import_checkpoint(args.model_dir, args.out_dir, args.overwrite, args.quiet)
     if args.command == "heal":
-        from trit.heal import HealOptions, heal
+        from trit.heal import heal
 
         opts = HealOptions(args.steps, args.lr, args.batch, args.seq_len, args.data, args.train_samples,
                            args.heldout_samples, args.eval_every, args.device, sample_batch=args.sample_batch,

@@ -51,11 +51,12 @@ from trit.nn import TritLinear
 
 @dataclass(frozen=True)
 class HealOptions:
-    # defaults: the single-phase recipe measured on SmolLM2 (benchmarks/results/ptq_smollm2_heal_scales_h200.json)
-    steps: int = 300
+    # defaults: the best recipe measured on SmolLM2 (text data; benchmarks/results/ptq_smollm2_heal_one_run_long_h200.json):
+    # 300 steps with the codes fixed, then 1100 with everything but the embeddings training
+    steps: int = 1100
     lr: float = 1e-3  # scales and norms (and the latent weights when weight_lr is None)
     batch: int = 16
-    seq_len: int = 256
+    seq_len: int = 512
     data: Path | None = None  # training text; None: sequences sampled from the teacher
     train_samples: int = 2048
     heldout_samples: int = 16
@@ -65,11 +66,11 @@ class HealOptions:
     grad_checkpointing: bool = True
     sample_batch: int = 64  # sequences the teacher samples at once (data-free training text)
     freeze_codes: bool = False  # train the scales and norms only; every ternary code stays as it is
-    weight_lr: float | None = 5e-5  # learning rate of the latent weights and the embeddings (None: lr)
+    weight_lr: float | None = 4e-3  # learning rate of the latent weights and the embeddings (None: lr)
     train_embeddings: bool = False  # the float embeddings and lm_head (tied or not) train too, at weight_lr
     # a first phase of this many steps with every code fixed (the scales learn at scales_first_lr, with the norms,
     # and the embeddings when train_embeddings); the main phase then starts from its best held-out state (0: one phase)
-    scales_first: int = 0
+    scales_first: int = 300
     scales_first_lr: float = 3e-3
 
 

@@ -56,7 +56,7 @@ def main() -> int:
     for name in args.settings.split(","):
         lr, freeze = SETTINGS[name]
         opts = HealOptions(steps=args.steps, lr=lr, weight_lr=lr, batch=args.batch, seq_len=args.seq_len, data=data,
-                           eval_every=10, device="cpu", freeze_codes=freeze)
+                           eval_every=10, device="cpu", freeze_codes=freeze, scales_first=0)
         start = time.perf_counter()
         report = heal(args.ckpt, args.teacher, work / name, opts, progress=False)
         check_disjoint(report.train_windows, eval_tokens, "heal training windows")
