@@ -16,7 +16,7 @@ pytest.importorskip("triton")
 
 from conftest import seeded_layer, trit_mlp  # noqa: E402
 
-from trit.kernels import reference  # noqa: E402
+from trit.kernels import dequant, reference  # noqa: E402
 
 INTERPRET = os.environ.get("TRITON_INTERPRET") == "1"
 CUDA = torch.cuda.is_available() and not INTERPRET
@@ -120,8 +120,6 @@ def test_skinny_slots_are_a_permutation() -> None:
 @pytest.mark.parametrize(("n", "k", "group"), SHAPES)
 @pytest.mark.parametrize("dtype", DTYPES)
 def test_dequant(n: int, k: int, group: int, dtype: torch.dtype) -> None:
-    from trit.kernels import dequant
-
     packed, scale = layer(n, k, group, seed=n + k)
     w = dequant.dequantize(packed.view(torch.int32), scale, group, k, dtype)
     want = reference.dequantize(packed.cpu(), scale.cpu(), group, k, torch.float32).to(dtype)
@@ -131,6 +129,16 @@ def test_dequant(n: int, k: int, group: int, dtype: torch.dtype) -> None:
         torch.testing.assert_close(w.cpu(), want, rtol=2**-7, atol=0)
     x, b = inputs(5, k, n, dtype, bias=True, seed=5)
     check(dequant.linear(x, packed.view(torch.int32), scale, group, b).cpu(), reference_out(x, packed, scale, group, b), dtype)
+
+
+@pytest.mark.parametrize("cfg", dequant.CONFIGS, ids=str)
+def test_dequant_configs(cfg) -> None:
+    """Every config of the sweep space writes the same dense weight as the default (rows and words not whole blocks)."""
+    for n, k, group in ((40, 576, 64), (33, 256, -1)):
+        packed, scale = layer(n, k, group, seed=n)
+        want = dequant.dequantize(packed.view(torch.int32), scale, group, k, torch.bfloat16)
+        got = dequant.dequantize(packed.view(torch.int32), scale, group, k, torch.bfloat16, config=cfg)
+        assert torch.equal(got, want), cfg
 
 
 @pytest.mark.skipif(not CUDA, reason="the op dispatches to Triton on CUDA tensors only")

@@ -11,14 +11,35 @@ Configs first, then the kernel, then the launcher.
 
 from __future__ import annotations
 
+from dataclasses import dataclass
+
 import torch
 import triton
 import triton.language as tl
 
 from trit.kernels.decode import decode_pairs, interpreting
 
-BLOCK_N = 32
-BLOCK_KW = 8  # 128 weights per row per program
+
+@dataclass(frozen=True)
+class DequantConfig:
+    block_n: int
+    block_kw: int  # int32 words (16 weights each) per row per program
+    num_warps: int
+    k_fastest: bool  # consecutive programs walk along K (one row block's output), not down the rows
+
+
+# the fastest config on six of the eight layer shapes swept on an H200, within 10% on the other two
+# (benchmarks/results/sweep_dequant_h200.json): few rows, long runs of K, consecutive programs along K
+DEFAULT = DequantConfig(block_n=4, block_kw=64, num_warps=4, k_fastest=True)
+# the sweep space (benchmarks/sweep_dequant.py): rows a program, words a row, warps, grid order
+CONFIGS = tuple(
+    DequantConfig(bn, bkw, nw, kf)
+    for bn, bkw, nw, kf in (
+        (32, 8, 4, False), (32, 8, 4, True), (16, 16, 4, True), (8, 32, 4, True), (4, 64, 4, True),
+        (16, 32, 4, True), (8, 64, 4, True), (16, 32, 8, True), (32, 32, 8, True), (16, 64, 8, True),
+        (8, 32, 4, False), (16, 32, 4, False),
+    )
+)
 
 
 @triton.jit
@@ -31,9 +52,14 @@ def _dequant_kernel(
     BLOCK_N: tl.constexpr,
     BLOCK_KW: tl.constexpr,
     INTERPRET: tl.constexpr,
+    K_FASTEST: tl.constexpr,
 ):
-    rows = tl.program_id(0) * BLOCK_N + tl.arange(0, BLOCK_N)
-    offs_w = tl.program_id(1) * BLOCK_KW + tl.arange(0, BLOCK_KW)
+    if K_FASTEST:
+        pid_n, pid_k = tl.program_id(1), tl.program_id(0)
+    else:
+        pid_n, pid_k = tl.program_id(0), tl.program_id(1)
+    rows = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)
+    offs_w = pid_k * BLOCK_KW + tl.arange(0, BLOCK_KW)
     mask = (rows < N)[:, None] & (offs_w < KW)[None, :]
     words = tl.load(w_ptr + rows[:, None] * KW + offs_w[None, :], mask=mask, other=0x55555555)
     dtype = out_ptr.dtype.element_ty
@@ -51,14 +77,19 @@ def dequantize(
     group_size: int,
     in_features: int,
     dtype: torch.dtype,
+    out: torch.Tensor | None = None,  # (N, in_features) dtype, contiguous: written in place
+    config: DequantConfig = DEFAULT,
 ) -> torch.Tensor:  # (N, in_features) dtype
     n, kw = words.shape
-    out = torch.empty((n, in_features), device=words.device, dtype=dtype)
-    grid = (triton.cdiv(n, BLOCK_N), triton.cdiv(kw, BLOCK_KW))
+    if out is None:
+        out = torch.empty((n, in_features), device=words.device, dtype=dtype)
+    blocks_n, blocks_k = triton.cdiv(n, config.block_n), triton.cdiv(kw, config.block_kw)
+    k_fastest = config.k_fastest and blocks_n < 65536  # the grid's second axis holds at most 65535
+    grid = (blocks_k, blocks_n) if k_fastest else (blocks_n, blocks_k)
     _dequant_kernel[grid](
         words, scale, out, n, in_features, kw, scale.shape[1],
-        GROUP_W=kw if group_size == -1 else group_size // 16, BLOCK_N=BLOCK_N, BLOCK_KW=BLOCK_KW,
-        INTERPRET=interpreting(),
+        GROUP_W=kw if group_size == -1 else group_size // 16, BLOCK_N=config.block_n, BLOCK_KW=config.block_kw,
+        INTERPRET=interpreting(), K_FASTEST=k_fastest, num_warps=config.num_warps,
     )
     return out
 
