@@ -38,8 +38,11 @@ def kernels() -> str:
     lines += ["", "Summed over each model's four layers, speed-up over bf16:", ""]
     lines += [f"- {name}: x{v:.2f}" for name, v in d["summed_speedup_vs_bf16"].items()]
     best = max((r for r in d["rows"] if r["m"] == 1), key=lambda r: r["trit_gbps"])
-    lines += ["", f"Best M=1 bandwidth: {best['trit_gbps']:.0f} GB/s ({best['model']} {best['layer']}); "
-              f"bf16 cuBLAS reached {max(r['bf16_gbps'] for r in d['rows'] if r['m'] == 1):.0f} GB/s."]
+    copy = d["copy_bandwidth_bytes_per_s"] / 1e9
+    bf16 = max(r["bf16_gbps"] for r in d["rows"] if r["m"] == 1)
+    lines += ["", f"Best M=1 bandwidth: {best['trit_gbps']:.0f} GB/s ({best['model']} {best['layer']}), "
+              f"{best['trit_gbps'] / copy:.0%} of the {copy:.0f} GB/s device-to-device copy measured in the run; "
+              f"bf16 cuBLAS reached {bf16:.0f} GB/s ({bf16 / copy:.0%})."]
     return "\n".join(lines)
 
 
