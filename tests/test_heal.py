@@ -153,6 +153,9 @@ def test_cli_defaults_are_the_library_defaults() -> None:
                  "train_embeddings", "data", "device"):
         assert getattr(args, name) == getattr(defaults, name), name
     assert defaults.scales_first > 0 and defaults.weight_lr > defaults.lr  # codes fixed first, then weights move
+    sub = next(a for a in _parser()._actions if a.dest == "command").choices["heal"]
+    text = sub.format_help()
+    assert f"(default: {defaults.steps})" in text and f"(default: {defaults.scales_first})" in text
 
 
 def test_unfreeze_starts_from_the_fixed_codes_and_new_scales(pair) -> None:

@@ -84,6 +84,16 @@ def _dtype(name: str | None):
     return {"bf16": torch.bfloat16, "fp16": torch.float16, "fp32": torch.float32}[name]
 
 
+class _ShowDefaults(argparse.HelpFormatter):
+    """Help that ends each option with its default, where it has one worth showing (not None, not off)."""
+
+    def _get_help_string(self, action: argparse.Action) -> str:
+        text = action.help or ""
+        if action.option_strings and action.default not in (None, False, argparse.SUPPRESS) and "default" not in text:
+            text += " (default: %(default)s)"
+        return text
+
+
 def _parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(prog="trit", description="Ternary language models: quantize, run, serve.")
     sub = p.add_subparsers(dest="command", required=True)
@@ -120,20 +130,23 @@ def _parser() -> argparse.ArgumentParser:
     i.add_argument("--quiet", action="store_true", help="no progress bar")
 
     heal_defaults = HealOptions()  # one set of defaults: the CLI shows the library's
-    h = sub.add_parser("heal", help="quantization-aware distillation of a ternary checkpoint from its float teacher")
+    h = sub.add_parser("heal", help="quantization-aware distillation of a ternary checkpoint from its float teacher",
+                       formatter_class=_ShowDefaults)
     h.add_argument("ckpt", type=Path, help="a trit checkpoint (one plane)")
     h.add_argument("out_dir", type=Path)
     h.add_argument("--teacher", type=Path, required=True, help="the float checkpoint it was made from")
-    h.add_argument("--steps", type=int, default=heal_defaults.steps)
+    h.add_argument("--steps", type=int, default=heal_defaults.steps, help="steps of the main phase (codes free)")
     h.add_argument("--lr", type=float, default=heal_defaults.lr, help="learning rate of the scales and norms")
     h.add_argument("--weight-lr", type=float, default=heal_defaults.weight_lr,
                    help="learning rate of the latent weights and embeddings")
     h.add_argument("--train-embeddings", action="store_true", help="the float embeddings and lm_head train too")
-    h.add_argument("--batch", type=int, default=heal_defaults.batch)
-    h.add_argument("--seq-len", type=int, default=heal_defaults.seq_len)
+    h.add_argument("--batch", type=int, default=heal_defaults.batch, help="sequences a step")
+    h.add_argument("--seq-len", type=int, default=heal_defaults.seq_len, help="tokens a sequence")
     h.add_argument("--data", type=Path, default=None, help="training text (default: sequences the teacher samples)")
-    h.add_argument("--train-samples", type=int, default=heal_defaults.train_samples)
-    h.add_argument("--heldout-samples", type=int, default=heal_defaults.heldout_samples)
+    h.add_argument("--train-samples", type=int, default=heal_defaults.train_samples,
+                   help="training sequences (windows of --data, or sampled by the teacher)")
+    h.add_argument("--heldout-samples", type=int, default=heal_defaults.heldout_samples,
+                   help="held-out sequences the best student is chosen on")
     h.add_argument("--sample-batch", type=int, default=heal_defaults.sample_batch,
                    help="data-free: sequences the teacher samples at once")
     h.add_argument("--freeze-codes", action="store_true", help="train the scales and norms only; the codes stay")
@@ -142,7 +155,8 @@ def _parser() -> argparse.ArgumentParser:
                         "--train-embeddings); --steps more from that phase's best state (0: one phase)")
     h.add_argument("--scales-first-lr", type=float, default=heal_defaults.scales_first_lr,
                    help="the scales' learning rate in that first phase")
-    h.add_argument("--eval-every", type=int, default=heal_defaults.eval_every)
+    h.add_argument("--eval-every", type=int, default=heal_defaults.eval_every,
+                   help="steps between held-out evaluations")
     h.add_argument("--grad-checkpointing", action=argparse.BooleanOptionalAction, default=True,
                    help="recompute activations in the backward pass (less memory, one more forward pass a step)")
     h.add_argument("--device", default=None, help="cpu or cuda (default: cuda if present)")
