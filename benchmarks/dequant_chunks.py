@@ -22,7 +22,7 @@ from pathlib import Path
 
 import torch
 
-from trit.bench.kernels import GROUP, SHAPES, copies_for, copy_bandwidth, ternary_layer
+from trit.bench.kernels import GROUP, SHAPES, copies_for, copy_bandwidth, ternary_bytes, ternary_layer
 from trit.kernels import dequant, tuning
 
 
@@ -56,7 +56,7 @@ def main(argv: list[str] | None = None) -> int:
     copy_bw = copy_bandwidth()
     for model, shapes in SHAPES.items():
         for layer, n, k in shapes:
-            t_bytes = n * k // 4 + n * (k // GROUP) * 2
+            t_bytes = ternary_bytes(n, k)
             layers = [ternary_layer(n, k) for _ in range(copies_for(t_bytes, l2))]
             weights = [torch.randn(n, k, device="cuda", dtype=torch.bfloat16) for _ in range(copies_for(n * k * 2, l2))]
             dense = torch.empty(n, k, device="cuda", dtype=torch.bfloat16)

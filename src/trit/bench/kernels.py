@@ -74,6 +74,11 @@ def copies_for(nbytes: int, l2_bytes: int, factor: int = 4, cap: int = 256) -> i
     return max(2, min(cap, math.ceil(factor * l2_bytes / nbytes)))
 
 
+def ternary_bytes(n: int, k: int, group: int = GROUP) -> int:
+    """What a ternary layer reads: 2-bit codes and fp16 scales (one per row for group -1)."""
+    return n * k // 4 + n * (1 if group == -1 else k // group) * 2
+
+
 def ternary_layer(n: int, k: int, group: int = GROUP, device: str = "cuda") -> tuple[torch.Tensor, torch.Tensor]:
     """Random codes (0..2, never 3) packed as the format says, and fp16 scales (one per row for group -1)."""
     from trit.synthetic import random_packed
@@ -88,7 +93,7 @@ def bench_problem(n: int, k: int, m: int, l2: int, tune: bool) -> dict:
     from trit.kernels.reference import linear as ref_linear
 
     x = torch.randn(m, k, device="cuda", dtype=torch.bfloat16)
-    t_bytes = n * k // 4 + n * (k // GROUP) * 2
+    t_bytes = ternary_bytes(n, k)
     copies = copies_for(t_bytes, l2)
     layers = [ternary_layer(n, k) for _ in range(copies)]
     key = tuning.key(m, n, k, GROUP, torch.bfloat16)
