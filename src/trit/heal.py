@@ -30,7 +30,6 @@ checkpointing (optional).
 
 from __future__ import annotations
 
-import copy
 import math
 import time
 from collections.abc import Callable
@@ -287,7 +286,7 @@ def _check_options(opts: HealOptions) -> None:
 
 def _snapshot(student: nn.Module, qat: dict[str, QATLinear]) -> tuple[dict, dict]:
     """The student's parameters, and each ternary layer's fixed codes (None where the codes move)."""
-    return (copy.deepcopy({k: v.detach().cpu() for k, v in student.state_dict().items()}),
+    return ({k: v.detach().to("cpu", copy=True) for k, v in student.state_dict().items()},  # one copy, on any device
             {name: None if m.frozen is None else m.frozen.clone() for name, m in qat.items()})
 
 
