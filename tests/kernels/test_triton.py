@@ -73,6 +73,28 @@ def test_gemv(n: int, k: int, group: int, m: int, dtype: torch.dtype) -> None:
         check(y.cpu(), reference_out(x, packed, scale, group, b), dtype)
 
 
+@pytest.mark.parametrize(("dtype", "kind"), [(torch.bfloat16, "tiny"), (torch.bfloat16, "outliers"),
+                                            (torch.float16, "tiny"), (torch.float16, "large")])
+def test_gemv_activations_far_from_one(dtype: torch.dtype, kind: str) -> None:
+    """On a GPU the GEMV multiplies in fp16 pairs, the activations scaled by 2**-3 (fp16) or 2**-4 (bf16): tiny
+    ones, large fp16 ones, and bf16 outliers past fp16's range (one input in 97 at 2e5) still come out right."""
+    from trit.kernels import gemv
+
+    n, k, group = (256, 4096, 64) if CUDA else (40, 576, 64)
+    packed, scale = layer(n, k, group, seed=7)
+    x, _ = inputs(1, k, n, dtype, bias=False, seed=3)
+    x = x.float()
+    if kind == "tiny":
+        x *= 1e-3
+    elif kind == "large":
+        x *= 3e3
+    else:
+        x[:, ::97] = 2e5 * torch.sign(x[:, ::97])
+    x = x.to(dtype)
+    y = gemv.gemv(x, packed.view(torch.int32), scale, group)
+    check(y.cpu(), reference_out(x, packed, scale, group, None), dtype)
+
+
 @pytest.mark.parametrize(("n", "k", "group"), SHAPES)
 @pytest.mark.parametrize("m", [1, 3, 17, 300] if CUDA else [1, 17])
 @pytest.mark.parametrize("dtype", DTYPES)

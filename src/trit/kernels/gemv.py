@@ -1,16 +1,31 @@
 """Decode GEMV: ``y = x @ W.T`` for a few rows of activations (M <= 4), on CUDA cores, near memory bandwidth.
 
 At M = 1 a ternary layer is read once per token, so the kernel must decode
-2-bit codes faster than memory delivers them: two instructions a weight. The
-codes are read in place from a float's mantissa. For a word shifted so that
-code ``i`` sits at bits ``p, p + 1`` (p in 14, 16, 18, 20), one three-input
-logic op ``(word & 3 << p) | 0x3F800000`` is the float ``1 + c * 2**(p - 23)``
-(c in {0, 1, 2}). One FMA with the activation pre-scaled by ``2**(23 - p)``
-adds ``x_s + x * c``. The ``x_s`` terms and the ``- x`` that turns ``c`` into
-``c - 1`` depend on the activations only: they are summed once per word and
-taken off before the group scale. Each shifted word serves four codes, so a
-weight costs one logic op, one FMA and a quarter of a shift. The sums stay
-exact to about 14 bits (the largest pre-scale is 2**9), far inside bf16.
+2-bit codes faster than memory delivers them. On an NVIDIA GPU it decodes and
+multiplies two weights at once, in 16-bit float halves (``PAIRED``, inline PTX,
+one block per word). ``(word & 0x00030003 << p) | 0x64006400`` is two fp16
+numbers ``1024 + c * 2**p`` (code ``i`` in the low half, code ``i + 8`` in the
+high half, p in 0, 2, .., 8; the word shifted right by 10 serves codes 5-7 and
+13-15). One ``fma.f16x2`` by ``2**-p`` less ``(1024 * 2**-p + 1)`` leaves
+``c - 1`` in {-1, 0, 1} exactly, and a second adds it times the activation
+pair into an fp16x2 sum of the word's eight pairs, which goes to f32 once a
+word. Two weights cost one logic op and two FMAs. The activations enter fp16
+scaled by ``2**-X_SHIFT[dtype]`` (undone on the row sums), so that a sum of
+eight of them cannot overflow: fp16 activations by ``2**-3`` (never, as
+``8 * 65504 / 8`` is fp16's largest number), bf16 ones by ``2**-4`` (bf16
+activations past 65504 fit; a word's sum overflows only when its eight
+activations of one sign add up past about ``10**6``). The price is at the small
+end: activations below ``2**-11`` (fp16) or ``2**-10`` (bf16) become fp16
+subnormals, with an absolute error of at most ``2**-22`` (``2**-21``) each.
+
+Under ``TRITON_INTERPRET=1`` (the CPU tests, which cannot run PTX) the same
+kernel decodes in f32 instead, from a float's mantissa: for a word shifted so
+that code ``i`` sits at bits ``p, p + 1`` (p in 14, 16, 18, 20), one logic op
+``(word & 3 << p) | 0x3F800000`` is the float ``1 + c * 2**(p - 23)``, one FMA
+with the activation pre-scaled by ``2**(23 - p)`` adds ``x_s + x * c``, and the
+``x_s`` and ``- x`` terms, which depend on the activations only, are summed
+once per word and taken off before the group scale. That was the GPU path
+before the paired one (``benchmarks/results/gemv-variants/``).
 
 Each program owns ``BLOCK_N`` rows and a ``1 / SPLIT_K`` share of K; the next
 step's words are loaded while the current step computes. Split-K programs add
@@ -22,16 +37,19 @@ kernel files).
 
 from __future__ import annotations
 
+import struct
 from dataclasses import dataclass
 
 import torch
 import triton
 import triton.language as tl
 
-from trit.kernels import splitk
+from trit.kernels import decode, splitk
 
 MAX_M = 4
 ONE_BITS = 0x3F800000  # 1.0f
+# the paired path takes the activations into fp16 scaled by 2**-X_SHIFT, the row sums back by 2**X_SHIFT
+X_SHIFT = {torch.float16: 3, torch.bfloat16: 4}
 
 
 @dataclass(frozen=True)
@@ -73,6 +91,40 @@ CONFIGS = tuple(
         (64, 32, 1, 4), (64, 32, 2, 4), (64, 32, 4, 4), (128, 32, 1, 4), (128, 32, 2, 4), (32, 32, 2, 4),
     )
 )
+
+
+def _f16x2(v: float) -> str:
+    """PTX immediate of the fp16 ``v`` in both halves of a 32-bit register."""
+    (bits,) = struct.unpack("<H", struct.pack("<e", v))
+    return f"0x{bits:04x}{bits:04x}"
+
+
+def _word_ptx() -> str:
+    """PTX: ``$0`` (f32) = word ``$1``'s 16 weights dotted with the f16x2 activation pairs ``$2..$9``.
+
+    Pair ``j`` holds the activations of codes ``j`` (low half) and ``j + 8`` (high half), as the word holds them.
+    """
+    lines = ["{", ".reg .b32 w2, t, d, acc, sc, bi;", ".reg .b16 lo, hi;", ".reg .f32 flo, fhi;",
+             "shr.u32 w2, $1, 10;"]
+    for j in range(8):
+        src, p = ("$1", 2 * j) if j < 5 else ("w2", 2 * (j - 5))
+        lines += [f"lop3.b32 t, {src}, 0x{0x00030003 << p:08x}, 0x64006400, 0xea;",  # (a & b) | c: 1024 + c * 2**p
+                  f"mov.b32 sc, {_f16x2(2.0 ** -p)};",
+                  f"mov.b32 bi, {_f16x2(-(1024 * 2.0 ** -p + 1))};",
+                  "fma.rn.f16x2 d, t, sc, bi;",  # c - 1, exact
+                  f"mul.rn.f16x2 acc, d, ${2 + j};" if j == 0 else f"fma.rn.f16x2 acc, d, ${2 + j}, acc;"]
+    lines += ["mov.b32 {lo, hi}, acc;", "cvt.f32.f16 flo, lo;", "cvt.f32.f16 fhi, hi;", "add.f32 $0, flo, fhi;", "}"]
+    return "\n".join(lines)
+
+
+WORD_PTX = tl.constexpr(_word_ptx())
+PAIR_PTX = tl.constexpr("cvt.rn.f16x2.f32 $0, $2, $1;")  # $0 = (hi: $2, lo: $1) in fp16
+
+
+@triton.jit
+def _pair(lo, hi):
+    """Two f32 ``[BKW]`` -> one int32 ``[BKW]`` holding them as fp16 (lo in the low half)."""
+    return tl.inline_asm_elementwise(PAIR_PTX, "=r,f,f", [lo, hi], dtype=tl.int32, is_pure=True, pack=1)
 
 
 @triton.jit
@@ -124,8 +176,9 @@ def _fix_weight(i: tl.constexpr):
 
 
 @triton.jit
-def _dot_words(words, x_ptr, offs_w, w_ok, one_bits):
-    """``[BN, BKW]`` f32: each word's 16 weights (minus one) dotted with their 16 activations.
+def _dot_words(words, x_ptr, offs_w, w_ok, one_bits, PAIRED: tl.constexpr, X_SCALE: tl.constexpr):
+    """``[BN, BKW]`` f32: each word's 16 weights (minus one) dotted with their 16 activations (times
+    ``X_SCALE`` when ``PAIRED``: the kernel scales its row sums back).
 
     The activations of the step are one contiguous ``[BKW, 16]`` load (coalesced), split into columns.
     """
@@ -134,6 +187,14 @@ def _dot_words(words, x_ptr, offs_w, w_ok, one_bits):
         xt = tl.load(x_ptr + offs_x)
     else:
         xt = tl.load(x_ptr + offs_x, mask=w_ok[:, None], other=0.0)
+    if PAIRED:
+        xs = _split16(xt.to(tl.float32) * X_SCALE)
+        return tl.inline_asm_elementwise(
+            WORD_PTX, "=f,r,r,r,r,r,r,r,r,r",
+            [words, _pair(xs[0], xs[8])[None, :], _pair(xs[1], xs[9])[None, :], _pair(xs[2], xs[10])[None, :],
+             _pair(xs[3], xs[11])[None, :], _pair(xs[4], xs[12])[None, :], _pair(xs[5], xs[13])[None, :],
+             _pair(xs[6], xs[14])[None, :], _pair(xs[7], xs[15])[None, :]],
+            dtype=tl.float32, is_pure=True, pack=1)
     xs = _split16(xt.to(tl.float32))
     part = tl.zeros(words.shape, tl.float32)
     fix = tl.zeros(offs_w.shape, tl.float32)  # [BKW]: sum of x * (2**(23 - p) + 1), the same for every row
@@ -161,6 +222,9 @@ def _gemv_kernel(
     BLOCK_KW: tl.constexpr,
     SPLIT_K: tl.constexpr,
     EVEN: tl.constexpr,  # N % BLOCK_N == 0 and KW % (BLOCK_KW * SPLIT_K) == 0: no masks
+    PAIRED: tl.constexpr,  # decode and multiply in fp16 pairs (inline PTX, NVIDIA only); f32 otherwise
+    X_SCALE: tl.constexpr,  # 2**-X_SHIFT[x.dtype] when PAIRED, else 1
+    OUT_SCALE: tl.constexpr,  # 1 / X_SCALE
 ):
     pid_n = tl.program_id(0)
     pid_k = tl.program_id(1)
@@ -194,26 +258,31 @@ def _gemv_kernel(
             mask = row_ok[:, None] & w_ok[None, :]
             scale = tl.load(s_ptr + rows[:, None] * G + (offs_w // GROUP_W)[None, :], mask=mask, other=0.0)
         scale = scale.to(tl.float32)  # [BN, BKW]: each word's group scale
-        acc0 += _dot_words(words, x_ptr, offs_w, w_ok, one_bits) * scale
+        acc0 += _dot_words(words, x_ptr, offs_w, w_ok, one_bits, PAIRED, X_SCALE) * scale
         if M_ROWS > 1:
-            acc1 += _dot_words(words, x_ptr + stride_xm, offs_w, w_ok, one_bits) * scale
+            acc1 += _dot_words(words, x_ptr + stride_xm, offs_w, w_ok, one_bits, PAIRED, X_SCALE) * scale
         if M_ROWS > 2:
-            acc2 += _dot_words(words, x_ptr + 2 * stride_xm, offs_w, w_ok, one_bits) * scale
+            acc2 += _dot_words(words, x_ptr + 2 * stride_xm, offs_w, w_ok, one_bits, PAIRED, X_SCALE) * scale
         if M_ROWS > 3:
-            acc3 += _dot_words(words, x_ptr + 3 * stride_xm, offs_w, w_ok, one_bits) * scale
+            acc3 += _dot_words(words, x_ptr + 3 * stride_xm, offs_w, w_ok, one_bits, PAIRED, X_SCALE) * scale
         words = words_next
         w_ptrs += step
-    splitk.store_or_reduce(tl.sum(acc0, axis=1), y_ptr, ws_ptr, lock_ptr, b_ptr, rows, row_ok, 0, M, N,
+    splitk.store_or_reduce(tl.sum(acc0, axis=1) * OUT_SCALE, y_ptr, ws_ptr, lock_ptr, b_ptr, rows, row_ok, 0, M, N,
                            pid_n, pid_k, HAS_BIAS, SPLIT_K, M_ROWS, M_ROWS == 1)
     if M_ROWS > 1:
-        splitk.store_or_reduce(tl.sum(acc1, axis=1), y_ptr, ws_ptr, lock_ptr, b_ptr, rows, row_ok, 1, M, N,
+        splitk.store_or_reduce(tl.sum(acc1, axis=1) * OUT_SCALE, y_ptr, ws_ptr, lock_ptr, b_ptr, rows, row_ok, 1, M, N,
                                pid_n, pid_k, HAS_BIAS, SPLIT_K, M_ROWS, M_ROWS == 2)
     if M_ROWS > 2:
-        splitk.store_or_reduce(tl.sum(acc2, axis=1), y_ptr, ws_ptr, lock_ptr, b_ptr, rows, row_ok, 2, M, N,
+        splitk.store_or_reduce(tl.sum(acc2, axis=1) * OUT_SCALE, y_ptr, ws_ptr, lock_ptr, b_ptr, rows, row_ok, 2, M, N,
                                pid_n, pid_k, HAS_BIAS, SPLIT_K, M_ROWS, M_ROWS == 3)
     if M_ROWS > 3:
-        splitk.store_or_reduce(tl.sum(acc3, axis=1), y_ptr, ws_ptr, lock_ptr, b_ptr, rows, row_ok, 3, M, N,
+        splitk.store_or_reduce(tl.sum(acc3, axis=1) * OUT_SCALE, y_ptr, ws_ptr, lock_ptr, b_ptr, rows, row_ok, 3, M, N,
                                pid_n, pid_k, HAS_BIAS, SPLIT_K, M_ROWS, True)
+
+
+def paired(device: torch.device) -> bool:
+    """Whether the kernel takes the fp16-pair path: PTX runs on NVIDIA GPUs, not in the CPU interpreter."""
+    return device.type == "cuda" and torch.version.hip is None and not decode.interpreting()
 
 
 def gemv(
@@ -233,10 +302,13 @@ def gemv(
     grid = (triton.cdiv(n, cfg.block_n), cfg.split_k)
     y, ws = splitk.outputs(x, n, cfg.split_k, grid[0])
     even = n % cfg.block_n == 0 and kw % (cfg.block_kw * cfg.split_k) == 0
+    pair = paired(x.device)
+    shift = X_SHIFT[x.dtype] if pair else 0
     _gemv_kernel[grid](
         x, words, scale, bias if bias is not None else scale, y, ws, splitk.counters(x.device),
         m, n, kw, scale.shape[1], x.stride(0), ONE_BITS,
         GROUP_W=kw if group_size == -1 else group_size // 16, HAS_BIAS=bias is not None, M_ROWS=m, EVEN=even,
+        PAIRED=pair, X_SCALE=2.0 ** -shift, OUT_SCALE=2.0 ** shift,
         **cfg.as_kwargs(),
     )
     return y
