@@ -144,8 +144,9 @@ def plot(rows: list[Row], copy_bw: float, path: Path) -> None:
     import matplotlib.pyplot as plt
 
     fig, axes = plt.subplots(1, 2, figsize=(14, 5))
-    labels = [f"{r.model}\n{r.layer}" for r in rows if r.m == MS[0]]
-    for m in MS:
+    ms = sorted({r.m for r in rows})  # --quick benches some of MS
+    labels = [f"{r.model}\n{r.layer}" for r in rows if r.m == ms[0]]
+    for m in ms:
         sel = [r for r in rows if r.m == m]
         axes[0].plot(labels, [r.speedup_vs_bf16 for r in sel], marker="o", label=f"M={m}")
         axes[1].plot(labels, [r.trit_frac_copy_bw for r in sel], marker="o", label=f"M={m}")
