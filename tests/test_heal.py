@@ -202,6 +202,24 @@ def test_train_embeddings_writes_them(tmp_path: Path, tie: bool) -> None:
     assert (healed.get_output_embeddings().weight is healed.get_input_embeddings().weight) == tie
 
 
+def test_snapshot_copies_a_tied_embedding_once(tmp_path: Path) -> None:
+    from trit import heal as heal_module
+    from trit.synthetic import make_checkpoint
+
+    teacher = make_checkpoint(tmp_path / "float", tie=True)
+    convert(teacher, tmp_path / "trit", ConvertOptions(group_size=32), progress=False, log=lambda s: None)
+    student = runtime.load(tmp_path / "trit", device="cpu", dtype=torch.float32, warm=False).model
+    qat = heal_module._swap_in_qat(student)
+    state, _ = heal_module._snapshot(student, qat)
+    assert state["lm_head.weight"] is state["model.embed_tokens.weight"]
+    assert state["model.embed_tokens.weight"].data_ptr() != student.get_input_embeddings().weight.data_ptr()
+    with torch.no_grad():
+        student.get_input_embeddings().weight.zero_()
+    heal_module._restore(student, qat, (state, {name: None for name in qat}))
+    assert torch.equal(student.get_input_embeddings().weight, state["model.embed_tokens.weight"])
+    assert student.get_output_embeddings().weight is student.get_input_embeddings().weight
+
+
 @pytest.mark.parametrize(("change", "flag"), [({"steps": -1}, "--steps"), ({"scales_first": -3}, "--scales-first"),
                                               ({"batch": 0}, "--batch"), ({"lr": float("nan")}, "--lr")])
 def test_heal_refuses_bad_options_before_writing(pair, tmp_path: Path, change: dict, flag: str) -> None:

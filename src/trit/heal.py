@@ -285,9 +285,18 @@ def _check_options(opts: HealOptions) -> None:
 
 
 def _snapshot(student: nn.Module, qat: dict[str, QATLinear]) -> tuple[dict, dict]:
-    """The student's parameters, and each ternary layer's fixed codes (None where the codes move)."""
-    return ({k: v.detach().to("cpu", copy=True) for k, v in student.state_dict().items()},  # one copy, on any device
-            {name: None if m.frozen is None else m.frozen.clone() for name, m in qat.items()})
+    """The student's parameters, and each ternary layer's fixed codes (None where the codes move).
+
+    Each tensor is copied once, on any device; names that share one tensor (tied embeddings) share its copy.
+    """
+    copies: dict[tuple, torch.Tensor] = {}
+    state = {}
+    for k, v in student.state_dict().items():
+        alias = (v.data_ptr(), v.dtype, tuple(v.shape), v.stride(), v.device)
+        if alias not in copies:
+            copies[alias] = v.detach().to("cpu", copy=True)
+        state[k] = copies[alias]
+    return state, {name: None if m.frozen is None else m.frozen.clone() for name, m in qat.items()}
 
 
 def _restore(student: nn.Module, qat: dict[str, QATLinear], snapshot: tuple[dict, dict]) -> None:
