@@ -37,15 +37,17 @@ import torch
 REPO = Path(__file__).resolve().parents[1]
 WIKITEXT = REPO.parent / "shared" / "data" / "wikitext-2-raw-test.txt"
 CALIB = {"samples": 32, "seq_len": 512}
-VARIANTS = {  # name: (method, group, planes, act_order, float_target); "bf16" and "healed" are special
+VARIANTS = {  # name: (method, group, planes, act_order, float_target[, gptq passes]); "bf16" and "healed" are special
     "bf16": None,
     "absmean-g64": ("absmean", 64, 1, False, False),
     "twn-g64": ("twn", 64, 1, False, False),
     "gptq-g64": ("gptq", 64, 1, True, False),
     "gptq-g64-float-target": ("gptq", 64, 1, True, True),
+    "gptq-g64-float-target-3passes": ("gptq", 64, 1, True, True, 3),
     "gptq-row": ("gptq", -1, 1, True, False),
     "gptq-2planes-g64": ("gptq", 64, 2, True, False),
     "gptq-2planes-g64-float-target": ("gptq", 64, 2, True, True),
+    "gptq-2planes-g64-3passes": ("gptq", 64, 2, True, False, 3),
     "healed": None,  # --heal-base (gptq-g64 by default), then trit heal
 }
 HEAL_KEYS = {"base": str, "from": str, "steps": int, "lr": float, "weight_lr": float, "batch": int, "seq_len": int,
@@ -154,9 +156,10 @@ def main() -> int:
 
     def quantized(base: str) -> tuple[Path, str, float]:
         """Build variant ``base`` in ``work`` (or reuse one built there by the same command): dir, command, seconds."""
-        method, group, planes, act_order, float_target = VARIANTS[base]
+        method, group, planes, act_order, float_target, *rest = VARIANTS[base]
+        passes = rest[0] if rest else 1
         command = (f"trit quantize MODEL OUT --method {method} --group-size {group} --planes {planes}"
-                   + (" --act-order" if act_order else "")
+                   + (" --act-order" if act_order else "") + (f" --passes {passes}" if passes > 1 else "")
                    + ((" --float-target" if float_target else " --no-float-target") if method == "gptq" else "")
                    + (f" --calib CALIB --calib-samples {CALIB['samples']} --calib-seq-len {CALIB['seq_len']}"
                       if method == "gptq" else ""))
@@ -165,7 +168,8 @@ def main() -> int:
         if built.get("command") != command:
             start = time.perf_counter()
             opts = ConvertOptions(method=Method(method), group_size=group, planes=planes, act_order=act_order,
-                                  float_target=float_target, calib=calib, device=args.device, overwrite=True)
+                                  float_target=float_target, calib=calib, device=args.device, overwrite=True,
+                                  passes=passes)
             convert(src, work / base, opts, progress=False)
             built = {"command": command, "seconds": time.perf_counter() - start}
             stamp.write_text(json.dumps(built))

@@ -67,6 +67,13 @@ def test_quantize_bad_input(tiny_llama: Path, tmp_path: Path, setup, match: str)
     assert _no_output(tmp_path, "o")
 
 
+@pytest.mark.parametrize(("flags", "match"), [(["--planes", "3"], "--planes"), (["--passes", "0"], "--passes 0")])
+def test_quantize_bad_options(tiny_llama: Path, tmp_path: Path, flags: list[str], match: str) -> None:
+    p = trit("quantize", tiny_llama, tmp_path / "o", "--method", "gptq", *flags, check=False)
+    assert p.returncode == 2 and match in p.stderr and "Traceback" not in p.stderr, p.stderr
+    assert _no_output(tmp_path, "o")
+
+
 def test_quantize_refuses_out_equal_to_model(tiny_llama: Path) -> None:
     p = trit("quantize", tiny_llama, tiny_llama, "--overwrite", check=False)
     assert p.returncode == 2 and "is MODEL_DIR" in p.stderr

@@ -115,6 +115,9 @@ def _parser() -> argparse.ArgumentParser:
     q.add_argument("--calib-seq-len", type=int, default=512, help="gptq: tokens per window")
     q.add_argument("--act-order", action="store_true", help="gptq: columns by decreasing Hessian diagonal")
     q.add_argument("--damp", type=float, default=0.01, help="gptq: damping, a fraction of mean(diag(H))")
+    q.add_argument("--passes", type=int, default=1,
+                   help="gptq: rounding passes; each later pass rounds again onto the scales the one before "
+                        "refitted (each costs one more GPTQ solve a layer, no more forward passes)")
     q.add_argument("--float-target", action=argparse.BooleanOptionalAction, default=None,
                    help="gptq: aim each layer at the float model's outputs on float inputs, running the calibration "
                         "windows through the float model too (default for one plane); --no-float-target: at the "
@@ -225,7 +228,7 @@ def _dispatch(args: argparse.Namespace) -> int:
             pad_policy=fmt.PadPolicy(args.pad), scale_dtype=fmt.ScaleDtype(args.scale_dtype),
             overwrite=args.overwrite, device=args.device, planes=args.planes,
             calib=CalibOptions(args.calib, args.calib_samples, args.calib_seq_len),
-            act_order=args.act_order, damp=args.damp, float_target=args.float_target,
+            act_order=args.act_order, damp=args.damp, float_target=args.float_target, passes=args.passes,
         )
         return quantize(args.model_dir, args.out_dir, opts, args.quiet)
     if args.command == "import":

@@ -64,6 +64,7 @@ class ConvertOptions:
     calib: CalibOptions = CalibOptions()  # gptq: calibration data
     act_order: bool = False  # gptq: columns in order of decreasing Hessian diagonal
     damp: float = 0.01  # gptq: diagonal damping, a fraction of mean(diag(H))
+    passes: int = 1  # gptq: rounding passes, each later one onto the scales the one before refitted
     # gptq: aim each layer at the float model's outputs (two calibration streams); None: for one plane only,
     # where it measured better (benchmarks/results/ptq-experiments/ has the one- and two-plane pairs)
     float_target: bool | None = None
@@ -261,6 +262,8 @@ def convert(
         raise CheckpointError(src / CONFIG_FILE, f"already quantized (quant_method {method!r}){hint}")
     if opts.planes not in (1, 2):
         raise ConvertError(f"--planes {opts.planes}: trit stores 1 or 2 ternary planes")
+    if opts.passes < 1:
+        raise ConvertError(f"--passes {opts.passes}: GPTQ needs at least one rounding pass")
     plan = _plan(ckpt, opts)
     report = ConvertReport(out)
     start = time.perf_counter()
@@ -271,7 +274,8 @@ def convert(
         from trit.quant.gptq import GptqOptions
 
         float_target = opts.planes == 1 if opts.float_target is None else opts.float_target
-        gopts = GptqOptions(opts.group_size, opts.planes, opts.damp, opts.act_order, float_target=float_target)
+        gopts = GptqOptions(opts.group_size, opts.planes, opts.damp, opts.act_order, float_target=float_target,
+                            passes=opts.passes)
         todo = {m for m, r in plan.items() if r.action != "kept"}
         precomputed = gptq_model(ckpt, todo, gopts, opts.calib, opts.device, progress)
 

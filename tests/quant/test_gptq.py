@@ -59,6 +59,28 @@ def test_scale_refit_never_hurts(layer) -> None:
     assert (scales2 >= 0).all()
 
 
+def test_more_passes_lower_the_output_error(layer) -> None:
+    """With act-order (every group's grid fixed up front), rounding again onto the refitted scales lowers the error
+    on this seeded layer, pass after pass, as it did on SmolLM2's layers (it is not guaranteed: GPTQ is greedy;
+    without act-order this layer got 0.2% worse with a second pass)."""
+    w, h = layer
+    errors = []
+    for passes in (1, 2, 3):
+        codes, scales = gptq_ternary(w, h, GptqOptions(act_order=True, passes=passes))
+        assert set(codes.unique().tolist()) <= {-1, 0, 1} and (scales >= 0).all()
+        errors.append(output_error(w, dequantize_planes(codes, scales), h))
+    assert errors[2] < errors[1] < errors[0], errors
+
+
+def test_passes_need_the_refit() -> None:
+    """Without a refit there are no new scales to round onto: more passes change nothing."""
+    g = torch.Generator().manual_seed(2)
+    w, x = torch.randn(16, 128, generator=g), torch.randn(512, 128, generator=g)
+    one = gptq_ternary(w, hessian(x), GptqOptions(refit=False, act_order=True))
+    three = gptq_ternary(w, hessian(x), GptqOptions(refit=False, act_order=True, passes=3))
+    assert torch.equal(one[0], three[0]) and torch.equal(one[1], three[1])
+
+
 def test_dead_inputs_and_padding_are_zero_weights() -> None:
     w = torch.randn(8, 64)
     x = torch.randn(256, 64)

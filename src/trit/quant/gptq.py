@@ -36,6 +36,7 @@ class GptqOptions:
     act_order: bool = False
     block_size: int = 128
     refit: bool = True  # least-squares scales for the final codes under H
+    passes: int = 1  # with refit: GPTQ again on the refitted scales as a fixed grid, this many passes in all
     float_target: bool = True  # calibration: aim at the float model's outputs, not the weight on quantized inputs
 
 
@@ -78,8 +79,18 @@ def hessian_inverse_factor(h: torch.Tensor, damp: float) -> torch.Tensor:
 def gptq_ternary(weight: torch.Tensor, h: torch.Tensor, opts: GptqOptions) -> tuple[torch.Tensor, torch.Tensor]:
     """GPTQ one layer: ``(N, K)`` weight, ``(K, K)`` Hessian -> codes ``(P, N, K)`` int8, scales ``(P, N, G)`` f32.
 
-    K must be a whole number of groups (pad first); G is ``K // group_size`` (1 for -1).
+    K must be a whole number of groups (pad first); G is ``K // group_size`` (1 for -1). With ``passes > 1``
+    (and ``refit``) each later pass rounds again onto the scales the pass before refitted, then refits them.
     """
+    codes, scales = _gptq_pass(weight, h, opts, None)
+    for _ in range(opts.passes - 1 if opts.refit else 0):
+        codes, scales = _gptq_pass(weight, h, opts, scales)
+    return codes, scales
+
+
+def _gptq_pass(weight: torch.Tensor, h: torch.Tensor, opts: GptqOptions,
+               grid: torch.Tensor | None) -> tuple[torch.Tensor, torch.Tensor]:
+    """One GPTQ pass: each group's grid fitted as it goes (or up front), or ``grid`` ``(P, N, G)`` as given."""
     n, k = weight.shape
     g = k if opts.group_size == -1 else opts.group_size
     if k % g:
@@ -91,9 +102,11 @@ def gptq_ternary(weight: torch.Tensor, h: torch.Tensor, opts: GptqOptions) -> tu
     h[dead, dead] = 1.0
     w[:, dead] = 0.0
     perm = torch.argsort(h.diagonal(), descending=True) if opts.act_order else torch.arange(k, device=w.device)
-    static = opts.act_order or opts.group_size == -1
+    static = opts.act_order or opts.group_size == -1 or grid is not None
     scales = torch.zeros(n, k // g, opts.planes, device=w.device)  # (N, G, P)
-    if static:  # every group's grid from the original weights, before any column moves
+    if grid is not None:
+        scales = grid.permute(1, 2, 0).to(w.device, torch.float32).contiguous()
+    elif static:  # every group's grid from the original weights, before any column moves
         for j in range(k // g):
             scales[:, j] = fit_grid(w[:, j * g:(j + 1) * g], opts.planes)
     w, h = w[:, perm], h[perm][:, perm]
