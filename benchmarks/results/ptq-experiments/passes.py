@@ -4,10 +4,12 @@ Needs the float SmolLM2 checkpoint in ``$TRIT_CACHE`` (``trit demo`` or ``smollm
 From the repository root:
 
     PYTHONPATH=src python benchmarks/results/ptq-experiments/passes.py 2 > benchmarks/results/ptq-experiments/passes.log
+    PYTHONPATH=src python benchmarks/results/ptq-experiments/passes.py 2 no-act-order \
+        > benchmarks/results/ptq-experiments/passes_no_act_order.log
 
 For each linear layer of the first N decoder layers (calibration: 16 x 512 tokens of the second half of the
 WikiText-2 test file, inputs propagated through the already quantized layers and aimed at the float model's
-outputs, as ``trit quantize --method gptq --act-order`` does), it prints ``tr((W-Q) H (W-Q)^T) / tr(W H W^T)``
+outputs, as ``trit quantize --method gptq --act-order`` does; without act-order when asked), it prints ``tr((W-Q) H (W-Q)^T) / tr(W H W^T)``
 after 1, 2 and 3 passes (``GptqOptions.passes``), then the geometric mean of each over the layers.
 """
 
@@ -26,6 +28,7 @@ from trit.quant.gptq import GptqOptions, dequantize_planes, float_target_weight,
 from trit.smollm2 import cache_dir
 
 LAYERS = int(sys.argv[1]) if len(sys.argv) > 1 else 2
+ACT_ORDER = "no-act-order" not in sys.argv[2:]
 TEXT = Path(__file__).resolve().parents[4] / "shared" / "data" / "wikitext-2-raw-test.txt"
 _quantize = calibrate._quantize_linear
 rows: list[dict] = []
@@ -66,7 +69,7 @@ def main() -> None:
     todo = {name.rsplit(".", 1)[0] for name in ckpt.tensors if name.endswith("_proj.weight")}
     start = time.time()
     try:
-        calibrate.gptq_model(ckpt, todo, GptqOptions(64, 1, 0.01, True), calibrate.CalibOptions(calib, 16, 512),
+        calibrate.gptq_model(ckpt, todo, GptqOptions(64, 1, 0.01, ACT_ORDER), calibrate.CalibOptions(calib, 16, 512),
                              "cpu", False)
     except Enough:
         pass
