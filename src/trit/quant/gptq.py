@@ -81,36 +81,41 @@ def gptq_ternary(weight: torch.Tensor, h: torch.Tensor, opts: GptqOptions) -> tu
 
     K must be a whole number of groups (pad first); G is ``K // group_size`` (1 for -1). With ``passes > 1``
     (and ``refit``) each later pass rounds again onto the scales the pass before refitted, then refits them.
+    The column order and the inverse Hessian's factor are the same for every pass: computed once.
     """
-    codes, scales = _gptq_pass(weight, h, opts, None)
-    for _ in range(opts.passes - 1 if opts.refit else 0):
-        codes, scales = _gptq_pass(weight, h, opts, scales)
-    return codes, scales
-
-
-def _gptq_pass(weight: torch.Tensor, h: torch.Tensor, opts: GptqOptions,
-               grid: torch.Tensor | None) -> tuple[torch.Tensor, torch.Tensor]:
-    """One GPTQ pass: each group's grid fitted as it goes (or up front), or ``grid`` ``(P, N, G)`` as given."""
-    n, k = weight.shape
+    k = weight.shape[1]
     g = k if opts.group_size == -1 else opts.group_size
     if k % g:
         raise ValueError(f"K = {k} is not a multiple of the group size {opts.group_size}; pad it first")
+    h = h.float()
+    hd = h.clone()
+    dead = hd.diagonal() == 0
+    hd[dead, dead] = 1.0
+    perm = torch.argsort(hd.diagonal(), descending=True) if opts.act_order else torch.arange(k, device=weight.device)
+    hinv = hessian_inverse_factor(hd[perm][:, perm], opts.damp)
+    codes, scales = _gptq_pass(weight, h, dead, perm, hinv, opts, None)
+    for _ in range(opts.passes - 1 if opts.refit else 0):
+        codes, scales = _gptq_pass(weight, h, dead, perm, hinv, opts, scales)
+    return codes, scales
+
+
+def _gptq_pass(weight: torch.Tensor, h: torch.Tensor, dead: torch.Tensor, perm: torch.Tensor, hinv: torch.Tensor,
+               opts: GptqOptions, grid: torch.Tensor | None) -> tuple[torch.Tensor, torch.Tensor]:
+    """One GPTQ pass in column order ``perm`` with the inverse Hessian's upper factor ``hinv`` (in that order):
+    each group's grid fitted as it goes (or up front), or ``grid`` ``(P, N, G)`` as given. ``h`` for the refit."""
+    n, k = weight.shape
+    g = k if opts.group_size == -1 else opts.group_size
     w = weight.float().clone()
-    h_orig = h.float()
-    h = h_orig.clone()
-    dead = h.diagonal() == 0
-    h[dead, dead] = 1.0
     w[:, dead] = 0.0
-    perm = torch.argsort(h.diagonal(), descending=True) if opts.act_order else torch.arange(k, device=w.device)
     static = opts.act_order or opts.group_size == -1 or grid is not None
-    scales = torch.zeros(n, k // g, opts.planes, device=w.device)  # (N, G, P)
     if grid is not None:
-        scales = grid.permute(1, 2, 0).to(w.device, torch.float32).contiguous()
-    elif static:  # every group's grid from the original weights, before any column moves
-        for j in range(k // g):
-            scales[:, j] = fit_grid(w[:, j * g:(j + 1) * g], opts.planes)
-    w, h = w[:, perm], h[perm][:, perm]
-    hinv = hessian_inverse_factor(h, opts.damp)
+        scales = grid.permute(1, 2, 0).to(w.device, torch.float32).contiguous()  # (N, G, P)
+    else:
+        scales = torch.zeros(n, k // g, opts.planes, device=w.device)
+        if static:  # every group's grid from the original weights, before any column moves
+            for j in range(k // g):
+                scales[:, j] = fit_grid(w[:, j * g:(j + 1) * g], opts.planes)
+    w = w[:, perm]
     codes = torch.zeros(opts.planes, n, k, device=w.device)
     block = opts.block_size if static else g * max(1, opts.block_size // g)  # blocks hold whole groups
     for i1 in range(0, k, block):
@@ -130,7 +135,7 @@ def _gptq_pass(weight: torch.Tensor, h: torch.Tensor, opts: GptqOptions,
         w[:, i2:] -= err1 @ hinv[i1:i2, i2:]
     codes, scales = codes.to(torch.int8), scales.permute(2, 0, 1).contiguous()
     if opts.refit:
-        codes, scales = refit_scales(weight.float(), codes, scales, h_orig)
+        codes, scales = refit_scales(weight.float(), codes, scales, h)
     return codes, scales
 
 
