@@ -160,7 +160,8 @@ def _parser() -> argparse.ArgumentParser:
                    help="the scales' learning rate in that first phase")
     h.add_argument("--eval-every", type=int, default=heal_defaults.eval_every,
                    help="steps between held-out evaluations")
-    h.add_argument("--grad-checkpointing", action=argparse.BooleanOptionalAction, default=True,
+    h.add_argument("--grad-checkpointing", action=argparse.BooleanOptionalAction,
+                   default=heal_defaults.grad_checkpointing,
                    help="recompute activations in the backward pass (less memory, one more forward pass a step)")
     h.add_argument("--device", default=None, help="cpu or cuda (default: cuda if present)")
     h.add_argument("--overwrite", action="store_true", help="replace a non-empty OUT_DIR")
