@@ -223,8 +223,7 @@ def _gemv_kernel(
     SPLIT_K: tl.constexpr,
     EVEN: tl.constexpr,  # N % BLOCK_N == 0 and KW % (BLOCK_KW * SPLIT_K) == 0: no masks
     PAIRED: tl.constexpr,  # decode and multiply in fp16 pairs (inline PTX, NVIDIA only); f32 otherwise
-    X_SCALE: tl.constexpr,  # 2**-X_SHIFT[x.dtype] when PAIRED, else 1
-    OUT_SCALE: tl.constexpr,  # 1 / X_SCALE
+    X_SCALE: tl.constexpr,  # 2**-X_SHIFT[x.dtype] when PAIRED, else 1; the row sums are scaled back by 1 / X_SCALE
 ):
     pid_n = tl.program_id(0)
     pid_k = tl.program_id(1)
@@ -267,17 +266,17 @@ def _gemv_kernel(
             acc3 += _dot_words(words, x_ptr + 3 * stride_xm, offs_w, w_ok, one_bits, PAIRED, X_SCALE) * scale
         words = words_next
         w_ptrs += step
-    splitk.store_or_reduce(tl.sum(acc0, axis=1) * OUT_SCALE, y_ptr, ws_ptr, lock_ptr, b_ptr, rows, row_ok, 0, M, N,
-                           pid_n, pid_k, HAS_BIAS, SPLIT_K, M_ROWS, M_ROWS == 1)
+    splitk.store_or_reduce(tl.sum(acc0, axis=1) * (1.0 / X_SCALE), y_ptr, ws_ptr, lock_ptr, b_ptr, rows,
+                           row_ok, 0, M, N, pid_n, pid_k, HAS_BIAS, SPLIT_K, M_ROWS, M_ROWS == 1)
     if M_ROWS > 1:
-        splitk.store_or_reduce(tl.sum(acc1, axis=1) * OUT_SCALE, y_ptr, ws_ptr, lock_ptr, b_ptr, rows, row_ok, 1, M, N,
-                               pid_n, pid_k, HAS_BIAS, SPLIT_K, M_ROWS, M_ROWS == 2)
+        splitk.store_or_reduce(tl.sum(acc1, axis=1) * (1.0 / X_SCALE), y_ptr, ws_ptr, lock_ptr, b_ptr, rows,
+                               row_ok, 1, M, N, pid_n, pid_k, HAS_BIAS, SPLIT_K, M_ROWS, M_ROWS == 2)
     if M_ROWS > 2:
-        splitk.store_or_reduce(tl.sum(acc2, axis=1) * OUT_SCALE, y_ptr, ws_ptr, lock_ptr, b_ptr, rows, row_ok, 2, M, N,
-                               pid_n, pid_k, HAS_BIAS, SPLIT_K, M_ROWS, M_ROWS == 3)
+        splitk.store_or_reduce(tl.sum(acc2, axis=1) * (1.0 / X_SCALE), y_ptr, ws_ptr, lock_ptr, b_ptr, rows,
+                               row_ok, 2, M, N, pid_n, pid_k, HAS_BIAS, SPLIT_K, M_ROWS, M_ROWS == 3)
     if M_ROWS > 3:
-        splitk.store_or_reduce(tl.sum(acc3, axis=1) * OUT_SCALE, y_ptr, ws_ptr, lock_ptr, b_ptr, rows, row_ok, 3, M, N,
-                               pid_n, pid_k, HAS_BIAS, SPLIT_K, M_ROWS, True)
+        splitk.store_or_reduce(tl.sum(acc3, axis=1) * (1.0 / X_SCALE), y_ptr, ws_ptr, lock_ptr, b_ptr, rows,
+                               row_ok, 3, M, N, pid_n, pid_k, HAS_BIAS, SPLIT_K, M_ROWS, True)
 
 
 def paired(device: torch.device) -> bool:
@@ -308,7 +307,7 @@ def gemv(
         x, words, scale, bias if bias is not None else scale, y, ws, splitk.counters(x.device),
         m, n, kw, scale.shape[1], x.stride(0), ONE_BITS,
         GROUP_W=kw if group_size == -1 else group_size // 16, HAS_BIAS=bias is not None, M_ROWS=m, EVEN=even,
-        PAIRED=pair, X_SCALE=2.0 ** -shift, OUT_SCALE=2.0 ** shift,
+        PAIRED=pair, X_SCALE=2.0 ** -shift,
         **cfg.as_kwargs(),
     )
     return y
