@@ -16,10 +16,10 @@ from pathlib import Path
 
 
 def merge(full: dict, part: dict) -> dict:
-    out = {"device": full["device"], "command": f"{full['command']}; then, for the problems it holds: {part['command']}",
-           "configs": {k: dict(v) for k, v in full["configs"].items()}, "choice": dict(full["choice"])}
     if part["device"] != full["device"]:
         raise SystemExit(f"tables from different devices: {full['device']} and {part['device']}")
+    out = {"device": full["device"], "command": f"{full['command']}; then, for the problems it holds: {part['command']}",
+           "configs": {k: dict(v) for k, v in full["configs"].items()}, "choice": dict(full["choice"])}
     for kernel, entries in part["configs"].items():
         out["configs"].setdefault(kernel, {}).update(entries)
     out["choice"].update(part["choice"])
