@@ -52,7 +52,7 @@ VARIANTS = {  # name: (method, group, planes, act_order, float_target[, gptq pas
 }
 HEAL_KEYS = {"base": str, "from": str, "steps": int, "lr": float, "weight_lr": float, "batch": int, "seq_len": int,
              "data": str, "samples": int, "freeze": int, "gc": int, "sample_batch": int, "emb": int, "first": int,
-             "first_lr": float}
+             "first_lr": float, "compile": int}
 
 
 def heal_specs(args: argparse.Namespace) -> list[dict]:
@@ -60,7 +60,7 @@ def heal_specs(args: argparse.Namespace) -> list[dict]:
     default = {"base": args.heal_base, "from": None, "steps": args.heal_steps, "lr": args.heal_lr, "weight_lr": None,
                "batch": args.heal_batch, "seq_len": 256, "data": args.heal_data, "samples": args.heal_samples,
                "freeze": int(args.heal_freeze_codes), "gc": 1, "sample_batch": 64, "emb": 0, "first": 0,
-               "first_lr": 3e-3}
+               "first_lr": 3e-3, "compile": None}  # compile None: trit heal's default (on CUDA)
     specs = []
     for text in args.heal or ([""] if "healed" in args.variants.split(",") else []):
         spec = dict(default)
@@ -187,7 +187,8 @@ def main() -> int:
                             data=calib_file if spec["data"] == "text" else None, freeze_codes=bool(spec["freeze"]),
                             grad_checkpointing=bool(spec["gc"]), sample_batch=spec["sample_batch"],
                             train_embeddings=bool(spec["emb"]), scales_first=spec["first"],
-                            scales_first_lr=spec["first_lr"])
+                            scales_first_lr=spec["first_lr"],
+                            compile=None if spec["compile"] is None else bool(spec["compile"]))
         start = time.perf_counter()
         out = work / f"healed-{i}"
         report = heal(ckpt, src, out, hopts, progress=False, overwrite=True)
@@ -198,11 +199,12 @@ def main() -> int:
                     + (f" --weight-lr {spec['weight_lr']}" if spec["weight_lr"] is not None else "")
                     + (" --train-embeddings" if spec["emb"] else "")
                     + (f" --scales-first {spec['first']} --scales-first-lr {spec['first_lr']}" if spec["first"] else "")
-                    + ("" if spec["gc"] else " --no-grad-checkpointing"))
+                    + ("" if spec["gc"] else " --no-grad-checkpointing")
+                    + ("" if spec["compile"] is None else " --compile" if spec["compile"] else " --no-compile"))
         seconds = (0.0 if prev is None or spec["from"] != "prev" else prev[2]) + time.perf_counter() - start
         record("healed", out, command, seconds, audit(out, values=False).bits_per_weight,
                heal_steps=report.steps, heal_seconds=report.seconds, heal_tokens=report.tokens,
-               heldout_kl=report.heldout)
+               heldout_kl=report.heldout, heldout_elapsed=report.elapsed)
         prev = (out, command, seconds)
     bf16 = next((r["perplexity"] for r in rows if r["variant"] == "bf16"), None)
     for r in rows:

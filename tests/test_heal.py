@@ -41,6 +41,45 @@ def test_heal_lowers_heldout_loss_and_writes_the_best(pair, tmp_path: Path) -> N
                            runtime.load(ckpt, device="cpu").model.model.layers[0].mlp.up_proj.weight_packed)
 
 
+def test_compiled_step_trains_as_the_eager_one(pair, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """``compile=True`` traces the teacher's and the student's forward (and so the student's backward) through
+    torch.compile, over both phases (codes fixed, then free): the held-out KL follows the eager run's.
+
+    The backend is ``aot_eager`` here: it traces and splits forward from backward as the default backend does,
+    without generating kernels (inductor takes minutes on two CPU cores)."""
+    import dataclasses
+
+    import trit.heal
+
+    opts = dataclasses.replace(OPTS, steps=12, scales_first=8, eval_every=4)
+    eager = heal(pair[1], pair[0], tmp_path / "eager", dataclasses.replace(opts, compile=False), progress=False,
+                 log=lambda s: None)
+    monkeypatch.setattr(trit.heal, "COMPILE_BACKEND", "aot_eager")
+    torch._dynamo.reset()
+    torch._dynamo.utils.counters.clear()
+    compiled = heal(pair[1], pair[0], tmp_path / "compiled", dataclasses.replace(opts, compile=True), progress=False,
+                    log=lambda s: None)
+    assert torch._dynamo.utils.counters["stats"]["unique_graphs"] >= 2  # traced: one graph a phase at least
+    assert [s for s, _ in compiled.heldout] == [s for s, _ in eager.heldout] == [0, 4, 8, 12, 16, 20]
+    torch.testing.assert_close([kl for _, kl in compiled.heldout], [kl for _, kl in eager.heldout], rtol=1e-4,
+                               atol=1e-6)
+    assert eager.heldout[-1][1] < eager.heldout[0][1]
+    assert len(compiled.elapsed) == len(compiled.heldout) and compiled.elapsed == sorted(compiled.elapsed)
+
+
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA: inductor's GPU kernels")
+def test_compiled_step_on_cuda(pair, tmp_path: Path) -> None:
+    """The default on CUDA (compile, inductor, bf16 autocast) trains as the eager step does."""
+    import dataclasses
+
+    opts = dataclasses.replace(OPTS, steps=12, scales_first=8, eval_every=4, device="cuda")
+    runs = [heal(pair[1], pair[0], tmp_path / str(c), dataclasses.replace(opts, compile=c), progress=False,
+                 log=lambda s: None) for c in (False, None)]
+    eager, compiled = ([kl for _, kl in r.heldout] for r in runs)
+    assert compiled[0] == eager[0] and compiled[-1] < 0.9 * compiled[0]
+    torch.testing.assert_close(compiled, eager, rtol=0.05, atol=1e-3)  # bf16 autocast: fused kernels round apart
+
+
 def test_heal_starts_exactly_at_the_checkpoint(pair) -> None:
     from trit.heal import _swap_in_qat
 
@@ -150,7 +189,7 @@ def test_cli_defaults_are_the_library_defaults() -> None:
     defaults = HealOptions()
     for name in ("steps", "lr", "weight_lr", "batch", "seq_len", "train_samples", "heldout_samples", "sample_batch",
                  "scales_first", "scales_first_lr", "eval_every", "grad_checkpointing", "freeze_codes",
-                 "train_embeddings", "data", "device"):
+                 "train_embeddings", "data", "device", "compile"):
         assert getattr(args, name) == getattr(defaults, name), name
     assert defaults.scales_first > 0 and defaults.weight_lr > defaults.lr  # codes fixed first, then weights move
     sub = next(a for a in _parser()._actions if a.dest == "command").choices["heal"]

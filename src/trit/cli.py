@@ -163,6 +163,9 @@ def _parser() -> argparse.ArgumentParser:
     h.add_argument("--grad-checkpointing", action=argparse.BooleanOptionalAction,
                    default=heal_defaults.grad_checkpointing,
                    help="recompute activations in the backward pass (less memory, one more forward pass a step)")
+    h.add_argument("--compile", action=argparse.BooleanOptionalAction, default=heal_defaults.compile,
+                   help="torch.compile the training step: fewer, fused kernels (default: on CUDA; the first step of "
+                        "each phase compiles, about a minute)")
     h.add_argument("--device", default=None, help="cpu or cuda (default: cuda if present)")
     h.add_argument("--overwrite", action="store_true", help="replace a non-empty OUT_DIR")
     h.add_argument("--quiet", action="store_true", help="no progress bars")
@@ -241,7 +244,8 @@ def _dispatch(args: argparse.Namespace) -> int:
                            args.heldout_samples, args.eval_every, args.device, sample_batch=args.sample_batch,
                            grad_checkpointing=args.grad_checkpointing, freeze_codes=args.freeze_codes,
                            weight_lr=args.weight_lr, train_embeddings=args.train_embeddings,
-                           scales_first=args.scales_first, scales_first_lr=args.scales_first_lr)
+                           scales_first=args.scales_first, scales_first_lr=args.scales_first_lr,
+                           compile=args.compile)
         heal(args.ckpt, args.teacher, args.out_dir, opts, overwrite=args.overwrite, progress=not args.quiet)
         return 0
     if args.command == "generate":

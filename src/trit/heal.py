@@ -47,6 +47,8 @@ from trit.convert import ConvertError, check_paths, write_checkpoint
 from trit.kernels.reference import dequantize
 from trit.nn import TritLinear
 
+COMPILE_BACKEND = "inductor"  # torch.compile's backend for HealOptions.compile
+
 
 @dataclass(frozen=True)
 class HealOptions:
@@ -71,6 +73,9 @@ class HealOptions:
     # and the embeddings when train_embeddings); the main phase then starts from its best held-out state (0: one phase)
     scales_first: int = 300
     scales_first_lr: float = 3e-3
+    # torch.compile the training step's teacher and student forward passes (and so the student's backward):
+    # fewer, fused kernels a step; None: on CUDA only (the first step of each phase then compiles, about a minute)
+    compile: bool | None = None
 
 
 @dataclass
@@ -79,6 +84,7 @@ class HealReport:
     steps: int = 0
     seconds: float = 0.0
     heldout: list[tuple[int, float]] = field(default_factory=list)  # (step, held-out KL)
+    elapsed: list[float] = field(default_factory=list)  # seconds from the first step to the end of each evaluation
     train_windows: torch.Tensor | None = None  # (S, T) the token windows trained on, for overlap checks
     tokens: int = 0  # tokens trained on (steps x batch x sequence length)
 
@@ -233,9 +239,19 @@ def heal(
     student.train()
     report = HealReport(out, train_windows=train.cpu())
     report.heldout.append((0, _heldout_kl(student, teacher_heldout, heldout, opts.batch, amp)))
+    report.elapsed.append(0.0)
     best = _snapshot(student, qat)
     start = time.perf_counter()
     gen = torch.Generator().manual_seed(opts.seed)
+
+    def step_loss(x: torch.Tensor) -> torch.Tensor:
+        with torch.no_grad(), amp():
+            t_logits = teacher(x).logits
+        with amp():
+            return _kl(student(x).logits, t_logits)
+
+    if opts.compile if opts.compile is not None else device == "cuda":
+        step_loss = torch.compile(step_loss, backend=COMPILE_BACKEND)
     phases = [(opts.scales_first, opts.scales_first_lr, True)] if opts.scales_first > 0 else []
     phases.append((opts.steps, opts.lr, opts.freeze_codes))
     done = 0
@@ -244,13 +260,10 @@ def heal(
             _restore(student, qat, best)
         trainable, optim, sched = _phase_setup(student, qat, opts, steps, lr, freeze)
         desc = "heal" if len(phases) == 1 else f"heal {i + 1}/{len(phases)}"
+        # the phase's batches drawn at once: no host-to-device copy (and wait) a step
+        order = torch.randint(0, train.shape[0], (steps, opts.batch), generator=gen).to(train.device)
         for step in tqdm(range(done + 1, done + steps + 1), desc=desc, unit="step", disable=not progress):
-            idx = torch.randint(0, train.shape[0], (opts.batch,), generator=gen)
-            x = train[idx.to(train.device)]
-            with torch.no_grad(), amp():
-                t_logits = teacher(x).logits
-            with amp():
-                loss = _kl(student(x).logits, t_logits)
+            loss = step_loss(train[order[step - done - 1]])
             optim.zero_grad(set_to_none=True)
             loss.backward()
             torch.nn.utils.clip_grad_norm_(trainable, 1.0)
@@ -258,6 +271,7 @@ def heal(
             sched.step()
             if step % opts.eval_every == 0 or step == done + steps:
                 report.heldout.append((step, _heldout_kl(student, teacher_heldout, heldout, opts.batch, amp)))
+                report.elapsed.append(time.perf_counter() - start)
                 if report.heldout[-1][1] <= report.best[1]:
                     best = _snapshot(student, qat)
         done += steps
@@ -328,7 +342,7 @@ def _phase_setup(student: nn.Module, qat: dict[str, QATLinear], opts: HealOption
     groups = [{"params": scales, "lr": lr}]
     if weights:
         groups.append({"params": weights, "lr": lr if opts.weight_lr is None else opts.weight_lr})
-    optim = torch.optim.AdamW(groups, weight_decay=0.0)
+    optim = torch.optim.AdamW(groups, weight_decay=0.0, fused=all(p.is_cuda for p in trainable) or None)
     warmup = max(1, steps // 20)
     sched = torch.optim.lr_scheduler.LambdaLR(optim, lambda s: min(1.0, (s + 1) / warmup) * (
         0.55 + 0.45 * math.cos(math.pi * min(1.0, s / max(1, steps)))))
