@@ -200,7 +200,8 @@ def main() -> int:
                     + (" --train-embeddings" if spec["emb"] else "")
                     + (f" --scales-first {spec['first']} --scales-first-lr {spec['first_lr']}" if spec["first"] else "")
                     + ("" if spec["gc"] else " --no-grad-checkpointing")
-                    + ("" if spec["compile"] is None else " --compile" if spec["compile"] else " --no-compile"))
+                    + (" --compile" if hopts.compile or (hopts.compile is None and args.device == "cuda")
+                       else " --no-compile"))  # what ran: heal compiles on CUDA unless told not to
         seconds = (0.0 if prev is None or spec["from"] != "prev" else prev[2]) + time.perf_counter() - start
         record("healed", out, command, seconds, audit(out, values=False).bits_per_weight,
                heal_steps=report.steps, heal_seconds=report.seconds, heal_tokens=report.tokens,

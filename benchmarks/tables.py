@@ -117,16 +117,20 @@ def _ptq_name(row: dict) -> str:
     if row["variant"] != "healed":
         return row["variant"]
     quantize, *heals = row["command"].split(";")
-    base = "gptq-g64" + ("-float-target" if "--float-target" in quantize.split() else "")
+    base = "gptq-g64" + ("-float-target" if "--float-target" in quantize.split() else "") + (
+        f"-{_flag(row, '--passes')}passes" if _flag(row, "--passes") else "")
     phases = []
     for i, heal in enumerate(heals, 1):
         words = heal.split()
         what = "scales+norms" if "--freeze-codes" in words else "all"
         what += "+embeddings" if "--train-embeddings" in words else ""
+        # compiled: the flag, or a run made after heal learned to compile (it records the seconds at each
+        # evaluation) without --no-compile; every run before that was eager and names neither flag
+        compiled = "--compile" in words or ("heldout_elapsed" in row and "--no-compile" not in words)
         seq = _flag(row, "--seq-len", i)
         weight_lr = _flag(row, "--weight-lr", i)
         data = f"{'text' if '--data' in words else 'teacher-sampled'} data, batch {_flag(row, '--batch', i) or 8}" + (
-            f"x{seq}" if seq else "")
+            f"x{seq}" if seq else "") + (", compiled" if compiled else "")
         first = _flag(row, "--scales-first", i)
         if first:  # two phases in one run
             phases.append(f"{data}, scales+norms{what.removeprefix('all')}, lr {_flag(row, '--scales-first-lr', i)}, "
