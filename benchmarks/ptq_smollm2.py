@@ -159,7 +159,8 @@ def main() -> int:
         method, group, planes, act_order, float_target, *rest = VARIANTS[base]
         passes = rest[0] if rest else 1
         command = (f"trit quantize MODEL OUT --method {method} --group-size {group} --planes {planes}"
-                   + (" --act-order" if act_order else "") + (f" --passes {passes}" if passes > 1 else "")
+                   + ((" --act-order" if act_order else " --no-act-order") + f" --passes {passes}"
+                      if method == "gptq" else "")
                    + ((" --float-target" if float_target else " --no-float-target") if method == "gptq" else "")
                    + (f" --calib CALIB --calib-samples {CALIB['samples']} --calib-seq-len {CALIB['seq_len']}"
                       if method == "gptq" else ""))

@@ -118,7 +118,7 @@ def _ptq_name(row: dict) -> str:
         return row["variant"]
     quantize, *heals = row["command"].split(";")
     base = "gptq-g64" + ("-float-target" if "--float-target" in quantize.split() else "") + (
-        f"-{_flag(row, '--passes')}passes" if _flag(row, "--passes") else "")
+        f"-{_flag(row, '--passes')}passes" if _flag(row, "--passes") not in (None, "1") else "")
     phases = []
     for i, heal in enumerate(heals, 1):
         words = heal.split()

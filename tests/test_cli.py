@@ -74,6 +74,17 @@ def test_quantize_bad_options(tiny_llama: Path, tmp_path: Path, flags: list[str]
     assert _no_output(tmp_path, "o")
 
 
+def test_quantize_gptq_defaults_are_the_measured_recipe() -> None:
+    """``trit quantize`` defaults to act-order and three passes, as ``ConvertOptions`` does; both can be undone."""
+    from trit.cli import _parser
+    from trit.convert import ConvertOptions
+
+    args = _parser().parse_args(["quantize", "m", "o", "--method", "gptq"])
+    assert (args.act_order, args.passes) == (ConvertOptions.act_order, ConvertOptions.passes) == (True, 3)
+    args = _parser().parse_args(["quantize", "m", "o", "--method", "gptq", "--no-act-order", "--passes", "1"])
+    assert (args.act_order, args.passes) == (False, 1)
+
+
 def test_quantize_refuses_out_equal_to_model(tiny_llama: Path) -> None:
     p = trit("quantize", tiny_llama, tiny_llama, "--overwrite", check=False)
     assert p.returncode == 2 and "is MODEL_DIR" in p.stderr

@@ -113,9 +113,10 @@ def _parser() -> argparse.ArgumentParser:
                    help="gptq: calibration text file (default: text sampled from the float model)")
     q.add_argument("--calib-samples", type=int, default=32, help="gptq: calibration windows")
     q.add_argument("--calib-seq-len", type=int, default=512, help="gptq: tokens per window")
-    q.add_argument("--act-order", action="store_true", help="gptq: columns by decreasing Hessian diagonal")
+    q.add_argument("--act-order", action=argparse.BooleanOptionalAction, default=ConvertOptions.act_order,
+                   help="gptq: columns by decreasing Hessian diagonal")
     q.add_argument("--damp", type=float, default=0.01, help="gptq: damping, a fraction of mean(diag(H))")
-    q.add_argument("--passes", type=int, default=1,
+    q.add_argument("--passes", type=int, default=ConvertOptions.passes,
                    help="gptq: rounding passes; each later pass rounds again onto the scales the one before "
                         "refitted (each costs one more GPTQ solve a layer, no more forward passes)")
     q.add_argument("--float-target", action=argparse.BooleanOptionalAction, default=None,

@@ -62,9 +62,9 @@ class ConvertOptions:
     device: str = "cpu"  # where the quantizer runs
     planes: int = 1  # ternary planes per layer (2: trit-planes, about 4 bits a weight)
     calib: CalibOptions = CalibOptions()  # gptq: calibration data
-    act_order: bool = False  # gptq: columns in order of decreasing Hessian diagonal
+    act_order: bool = True  # gptq: columns in order of decreasing Hessian diagonal (every measured recipe used it)
     damp: float = 0.01  # gptq: diagonal damping, a fraction of mean(diag(H))
-    passes: int = 1  # gptq: rounding passes, each later one onto the scales the one before refitted
+    passes: int = 3  # gptq: rounding passes, each later one onto the scales the one before refitted
     # gptq: aim each layer at the float model's outputs (two calibration streams); None: for one plane only,
     # where it measured better (benchmarks/results/ptq-experiments/ has the one- and two-plane pairs)
     float_target: bool | None = None
