@@ -206,7 +206,7 @@ def main() -> int:
         seconds = (0.0 if prev is None or spec["from"] != "prev" else prev[2]) + time.perf_counter() - start
         record("healed", out, command, seconds, audit(out, values=False).bits_per_weight,
                heal_steps=report.steps, heal_seconds=report.seconds, heal_tokens=report.tokens,
-               heldout_kl=report.heldout, heldout_elapsed=report.elapsed)
+               heldout_kl=report.heldout, heldout_elapsed=report.elapsed, train_kl=report.train_kl)
         prev = (out, command, seconds)
     bf16 = next((r["perplexity"] for r in rows if r["variant"] == "bf16"), None)
     for r in rows:

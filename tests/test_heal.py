@@ -65,6 +65,10 @@ def test_compiled_step_trains_as_the_eager_one(pair, tmp_path: Path, monkeypatch
                                atol=1e-6)
     assert eager.heldout[-1][1] < eager.heldout[0][1]
     assert len(compiled.elapsed) == len(compiled.heldout) and compiled.elapsed == sorted(compiled.elapsed)
+    # the training KL, averaged between evaluations, is reported at each one after step 0, and falls too
+    assert [s for s, _ in compiled.train_kl] == [s for s, _ in compiled.heldout][1:]
+    torch.testing.assert_close([v for _, v in compiled.train_kl], [v for _, v in eager.train_kl], rtol=1e-4, atol=1e-6)
+    assert eager.train_kl[-1][1] < eager.train_kl[0][1]
 
 
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA: inductor's GPU kernels")

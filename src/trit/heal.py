@@ -88,6 +88,7 @@ class HealReport:
     seconds: float = 0.0
     heldout: list[tuple[int, float]] = field(default_factory=list)  # (step, held-out KL)
     elapsed: list[float] = field(default_factory=list)  # seconds from the first step to the end of each evaluation
+    train_kl: list[tuple[int, float]] = field(default_factory=list)  # (step, mean training KL since the last one)
     train_windows: torch.Tensor | None = None  # (S, T) the token windows trained on, for overlap checks
     tokens: int = 0  # tokens trained on (steps x batch x sequence length)
 
@@ -273,8 +274,11 @@ def heal(
             desc = "heal" if len(phases) == 1 else f"heal {i + 1}/{len(phases)}"
             # the phase's batches drawn at once: no host-to-device copy (and wait) a step
             order = torch.randint(0, train.shape[0], (steps, opts.batch), generator=gen).to(train.device)
+            train_sum, train_steps = torch.zeros((), device=train.device), 0  # read at each evaluation (no wait)
             for step in tqdm(range(done + 1, done + steps + 1), desc=desc, unit="step", disable=not progress):
                 loss = step_loss(train[order[step - done - 1]])
+                train_sum += loss.detach()
+                train_steps += 1
                 optim.zero_grad(set_to_none=True)
                 loss.backward()
                 torch.nn.utils.clip_grad_norm_(trainable, 1.0)
@@ -283,6 +287,9 @@ def heal(
                 if step % opts.eval_every == 0 or step == done + steps:
                     report.heldout.append((step, _heldout_kl(student, teacher_heldout, heldout, opts.batch, amp)))
                     report.elapsed.append(time.perf_counter() - start)
+                    report.train_kl.append((step, float(train_sum) / train_steps))
+                    train_sum.zero_()
+                    train_steps = 0
                     if report.heldout[-1][1] <= report.best[1]:
                         best = _snapshot(student, qat)
             done += steps
