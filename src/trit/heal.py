@@ -54,9 +54,9 @@ COMPILE_BACKEND = "inductor"  # torch.compile's backend for HealOptions.compile
 
 @dataclass(frozen=True)
 class HealOptions:
-    # defaults: the best recipe measured on SmolLM2 (text data; benchmarks/results/ptq_smollm2_heal_one_run_long_h200.json):
-    # 300 steps with the codes fixed, then 1100 with everything but the embeddings training
-    steps: int = 1100
+    # defaults: the best recipe measured on SmolLM2 (text data; benchmarks/results/ptq_smollm2_heal_compiled_long_h200.json,
+    # 401 s compiled on an H200): 600 steps with the codes fixed, then 3600 with everything but the embeddings training
+    steps: int = 3600
     lr: float = 1e-3  # scales and norms (and the latent weights when weight_lr is None)
     batch: int = 16
     seq_len: int = 512
@@ -73,7 +73,7 @@ class HealOptions:
     train_embeddings: bool = False  # the float embeddings and lm_head (tied or not) train too, at weight_lr
     # a first phase of this many steps with every code fixed (the scales learn at scales_first_lr, with the norms,
     # and the embeddings when train_embeddings); the main phase then starts from its best held-out state (0: one phase)
-    scales_first: int = 300
+    scales_first: int = 600
     scales_first_lr: float = 3e-3
     # torch.compile the training step's teacher and student forward passes (and so the student's backward):
     # fewer, fused kernels a step; None: on CUDA only (the first step of each phase compiles: about 20 s for
