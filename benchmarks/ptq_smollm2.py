@@ -52,7 +52,7 @@ VARIANTS = {  # name: (method, group, planes, act_order, float_target[, gptq pas
 }
 HEAL_KEYS = {"base": str, "from": str, "steps": int, "lr": float, "weight_lr": float, "batch": int, "seq_len": int,
              "data": str, "samples": int, "freeze": int, "gc": int, "sample_batch": int, "emb": int, "first": int,
-             "first_lr": float, "compile": int}
+             "first_lr": float, "compile": int, "mix": int}
 
 
 def heal_specs(args: argparse.Namespace) -> list[dict]:
@@ -60,7 +60,7 @@ def heal_specs(args: argparse.Namespace) -> list[dict]:
     default = {"base": args.heal_base, "from": None, "steps": args.heal_steps, "lr": args.heal_lr, "weight_lr": None,
                "batch": args.heal_batch, "seq_len": 256, "data": args.heal_data, "samples": args.heal_samples,
                "freeze": int(args.heal_freeze_codes), "gc": 1, "sample_batch": 64, "emb": 0, "first": 0,
-               "first_lr": 3e-3, "compile": None}  # compile None: trit heal's default (on CUDA)
+               "first_lr": 3e-3, "compile": None, "mix": 0}  # compile None: trit heal's default (on CUDA)
     specs = []
     for text in args.heal or ([""] if "healed" in args.variants.split(",") else []):
         spec = dict(default)
@@ -189,7 +189,8 @@ def main() -> int:
                             grad_checkpointing=bool(spec["gc"]), sample_batch=spec["sample_batch"],
                             train_embeddings=bool(spec["emb"]), scales_first=spec["first"],
                             scales_first_lr=spec["first_lr"],
-                            compile=None if spec["compile"] is None else bool(spec["compile"]))
+                            compile=None if spec["compile"] is None else bool(spec["compile"]),
+                            mix_sampled=spec["mix"] if spec["data"] == "text" else 0)
         start = time.perf_counter()
         out = work / f"healed-{i}"
         report = heal(ckpt, src, out, hopts, progress=False, overwrite=True)
@@ -201,6 +202,8 @@ def main() -> int:
                     + (" --train-embeddings" if spec["emb"] else "")
                     + (f" --scales-first {spec['first']} --scales-first-lr {spec['first_lr']}" if spec["first"] else "")
                     + ("" if spec["gc"] else " --no-grad-checkpointing")
+                    + (f" --mix-sampled {spec['mix']} --sample-batch {spec['sample_batch']}"
+                       if spec["mix"] and spec["data"] == "text" else "")
                     + (" --compile" if hopts.compile or (hopts.compile is None and args.device == "cuda")
                        else " --no-compile"))  # what ran: heal compiles on CUDA unless told not to
         seconds = (0.0 if prev is None or spec["from"] != "prev" else prev[2]) + time.perf_counter() - start

@@ -129,7 +129,9 @@ def _ptq_name(row: dict) -> str:
         compiled = "--compile" in words or ("heldout_elapsed" in row and "--no-compile" not in words)
         seq = _flag(row, "--seq-len", i)
         weight_lr = _flag(row, "--weight-lr", i)
-        data = f"{'text' if '--data' in words else 'teacher-sampled'} data, batch {_flag(row, '--batch', i) or 8}" + (
+        mix = _flag(row, "--mix-sampled", i)
+        data = f"{'text' if '--data' in words else 'teacher-sampled'} data" + (f" + {mix} sampled" if mix else "") + (
+            f", batch {_flag(row, '--batch', i) or 8}") + (
             f"x{seq}" if seq else "") + (", compiled" if compiled else "")
         first = _flag(row, "--scales-first", i)
         if first:  # two phases in one run

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 from pathlib import Path
 
 import pytest
@@ -122,6 +123,12 @@ def test_heal_from_text(pair, tmp_path: Path) -> None:
     report = heal(ckpt, teacher, tmp_path / "healed", opts, progress=False, log=lambda s: None)
     assert [s for s, _ in report.heldout] == [0, 2, 4]
     assert report.train_windows.shape == (8, 32)
+    # --mix-sampled: teacher-sampled sequences join the text's windows; the held-out windows stay the text's
+    mixed = heal(ckpt, teacher, tmp_path / "mixed", dataclasses.replace(opts, mix_sampled=3), progress=False,
+                 log=lambda s: None)
+    assert mixed.train_windows.shape == (11, 32)
+    assert torch.equal(mixed.train_windows[:8], report.train_windows)
+    assert mixed.heldout[0] == report.heldout[0]  # the same held-out text, so the same KL before training
 
 
 def test_heldout_windows_are_the_texts_tail(pair, tmp_path: Path) -> None:
@@ -193,7 +200,7 @@ def test_cli_defaults_are_the_library_defaults() -> None:
     defaults = HealOptions()
     for name in ("steps", "lr", "weight_lr", "batch", "seq_len", "train_samples", "heldout_samples", "sample_batch",
                  "scales_first", "scales_first_lr", "eval_every", "grad_checkpointing", "freeze_codes",
-                 "train_embeddings", "data", "device", "compile"):
+                 "train_embeddings", "data", "device", "compile", "mix_sampled"):
         assert getattr(args, name) == getattr(defaults, name), name
     assert defaults.scales_first > 0 and defaults.weight_lr > defaults.lr  # codes fixed first, then weights move
     sub = next(a for a in _parser()._actions if a.dest == "command").choices["heal"]
@@ -264,7 +271,8 @@ def test_snapshot_copies_a_tied_embedding_once(tmp_path: Path) -> None:
 
 
 @pytest.mark.parametrize(("change", "flag"), [({"steps": -1}, "--steps"), ({"scales_first": -3}, "--scales-first"),
-                                              ({"batch": 0}, "--batch"), ({"lr": float("nan")}, "--lr")])
+                                              ({"batch": 0}, "--batch"), ({"lr": float("nan")}, "--lr"),
+                                              ({"mix_sampled": 4}, "--mix-sampled 4: mixes sampled sequences into")])
 def test_heal_refuses_bad_options_before_writing(pair, tmp_path: Path, change: dict, flag: str) -> None:
     import dataclasses
 

@@ -151,6 +151,8 @@ def _parser() -> argparse.ArgumentParser:
                    help="training sequences (windows of --data, or sampled by the teacher)")
     h.add_argument("--heldout-samples", type=int, default=heal_defaults.heldout_samples,
                    help="held-out sequences the best student is chosen on")
+    h.add_argument("--mix-sampled", type=int, default=heal_defaults.mix_sampled, metavar="N",
+                   help="with --data: N sequences the teacher samples join the text's training windows")
     h.add_argument("--sample-batch", type=int, default=heal_defaults.sample_batch,
                    help="data-free: sequences the teacher samples at once")
     h.add_argument("--freeze-codes", action="store_true", help="train the scales and norms only; the codes stay")
@@ -246,7 +248,7 @@ def _dispatch(args: argparse.Namespace) -> int:
                            grad_checkpointing=args.grad_checkpointing, freeze_codes=args.freeze_codes,
                            weight_lr=args.weight_lr, train_embeddings=args.train_embeddings,
                            scales_first=args.scales_first, scales_first_lr=args.scales_first_lr,
-                           compile=args.compile)
+                           compile=args.compile, mix_sampled=args.mix_sampled)
         heal(args.ckpt, args.teacher, args.out_dir, opts, overwrite=args.overwrite, progress=not args.quiet)
         return 0
     if args.command == "generate":

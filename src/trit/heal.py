@@ -79,6 +79,7 @@ class HealOptions:
     # fewer, fused kernels a step; None: on CUDA only (the first step of each phase compiles: about 20 s for
     # SmolLM2-135M on the H200 machine)
     compile: bool | None = None
+    mix_sampled: int = 0  # with data: this many teacher-sampled sequences join the text's training windows
 
 
 @dataclass
@@ -188,8 +189,11 @@ def _sequences(teacher, tokenizer, opts: HealOptions, progress: bool = False) ->
         cut = ids.numel() - opts.heldout_samples * opts.seq_len
         if cut < opts.seq_len:
             cut = int(ids.numel() * opts.train_samples / total)
-        return (windows_from_text(ids[:cut], opts.train_samples, opts.seq_len),
-                windows_from_text(ids[cut:], opts.heldout_samples, opts.seq_len))
+        train = windows_from_text(ids[:cut], opts.train_samples, opts.seq_len)
+        if opts.mix_sampled:  # more, other text than the file's; the held-out windows stay the file's
+            train = torch.cat([train, sample_from_model(teacher, tokenizer, opts.mix_sampled, opts.seq_len, opts.seed,
+                                                        opts.sample_batch, progress).to(train.device)])
+        return train, windows_from_text(ids[cut:], opts.heldout_samples, opts.seq_len)
     seqs = sample_from_model(teacher, tokenizer, total, opts.seq_len, opts.seed, opts.sample_batch, progress)
     return seqs[: opts.train_samples], seqs[opts.train_samples:]
 
@@ -318,10 +322,13 @@ def _check_options(opts: HealOptions) -> None:
     at_least = {"--steps": (opts.steps, 0), "--scales-first": (opts.scales_first, 0), "--batch": (opts.batch, 1),
                 "--seq-len": (opts.seq_len, 2), "--train-samples": (opts.train_samples, 1),
                 "--heldout-samples": (opts.heldout_samples, 1), "--eval-every": (opts.eval_every, 1),
-                "--sample-batch": (opts.sample_batch, 1)}
+                "--sample-batch": (opts.sample_batch, 1), "--mix-sampled": (opts.mix_sampled, 0)}
     for flag, (value, low) in at_least.items():
         if value < low:
             raise ConvertError(f"heal {flag} {value}: must be at least {low}")
+    if opts.mix_sampled and opts.data is None:
+        raise ConvertError(f"heal --mix-sampled {opts.mix_sampled}: mixes sampled sequences into --data text; "
+                           "without --data every training sequence is sampled already")
     rates = {"--lr": opts.lr, "--scales-first-lr": opts.scales_first_lr, "--weight-lr": opts.weight_lr}
     for flag, value in rates.items():
         if value is not None and not (value >= 0 and math.isfinite(value)):
