@@ -232,10 +232,11 @@ def heal(
         raise ConvertError(f"{ckpt_dir}: heal trains one-plane checkpoints; this one has {loaded.trit_config.planes}")
     teacher = AutoModelForCausalLM.from_pretrained(teacher_dir, dtype=torch.float32).to(device).eval()
     teacher.requires_grad_(False)
-    teacher.config.use_cache = False  # no KV cache: a compiled block would recompile for each layer's cache
     amp = (lambda: torch.autocast("cuda", dtype=torch.bfloat16)) if device == "cuda" else nullcontext
     torch.manual_seed(opts.seed)
     train, heldout = (t.to(device) for t in _sequences(teacher, loaded.tokenizer, opts, progress))
+    # no KV cache from here on (sampling above used one): a compiled block would recompile for each layer's cache
+    teacher.config.use_cache = False
     with torch.no_grad(), amp():
         teacher_heldout = [teacher(heldout[i:i + opts.batch]).logits.float()
                            for i in range(0, heldout.shape[0], opts.batch)]
