@@ -73,6 +73,8 @@ def heal_specs(args: argparse.Namespace) -> list[dict]:
             raise SystemExit(f"--heal {text}: from= takes 'prev', after another --heal")
         if spec["data"] not in ("text", "teacher") or spec["base"] not in VARIANTS:
             raise SystemExit(f"--heal {text}: data is text or teacher, base one of {', '.join(VARIANTS)}")
+        if spec["mix"] and spec["data"] != "text":
+            raise SystemExit(f"--heal {text}: mix= adds sampled sequences to data=text")
         specs.append(spec)
     return specs
 
@@ -190,7 +192,7 @@ def main() -> int:
                             train_embeddings=bool(spec["emb"]), scales_first=spec["first"],
                             scales_first_lr=spec["first_lr"],
                             compile=None if spec["compile"] is None else bool(spec["compile"]),
-                            mix_sampled=spec["mix"] if spec["data"] == "text" else 0)
+                            mix_sampled=spec["mix"])
         start = time.perf_counter()
         out = work / f"healed-{i}"
         report = heal(ckpt, src, out, hopts, progress=False, overwrite=True)
@@ -202,10 +204,8 @@ def main() -> int:
                     + (" --train-embeddings" if spec["emb"] else "")
                     + (f" --scales-first {spec['first']} --scales-first-lr {spec['first_lr']}" if spec["first"] else "")
                     + ("" if spec["gc"] else " --no-grad-checkpointing")
-                    + (f" --mix-sampled {spec['mix']} --sample-batch {spec['sample_batch']}"
-                       if spec["mix"] and spec["data"] == "text" else "")
-                    + (" --compile" if hopts.compile or (hopts.compile is None and args.device == "cuda")
-                       else " --no-compile"))  # what ran: heal compiles on CUDA unless told not to
+                    + (f" --mix-sampled {spec['mix']} --sample-batch {spec['sample_batch']}" if spec["mix"] else "")
+                    + (" --compile" if hopts.compiles(args.device) else " --no-compile"))  # what ran
         seconds = (0.0 if prev is None or spec["from"] != "prev" else prev[2]) + time.perf_counter() - start
         record("healed", out, command, seconds, audit(out, values=False).bits_per_weight,
                heal_steps=report.steps, heal_seconds=report.seconds, heal_tokens=report.tokens,

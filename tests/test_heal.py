@@ -72,6 +72,11 @@ def test_compiled_step_trains_as_the_eager_one(pair, tmp_path: Path, monkeypatch
     assert eager.train_kl[-1][1] < eager.train_kl[0][1]
 
 
+def test_compiles_by_default_on_cuda_only() -> None:
+    assert HealOptions().compiles("cuda") and not HealOptions().compiles("cpu")
+    assert HealOptions(compile=True).compiles("cpu") and not HealOptions(compile=False).compiles("cuda")
+
+
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA: inductor's GPU kernels")
 def test_compiled_step_on_cuda(pair, tmp_path: Path) -> None:
     """The default on CUDA (compile, inductor, bf16 autocast) trains as the eager step does."""

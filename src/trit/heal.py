@@ -81,6 +81,10 @@ class HealOptions:
     compile: bool | None = None
     mix_sampled: int = 0  # with data: this many teacher-sampled sequences join the text's training windows
 
+    def compiles(self, device: str) -> bool:
+        """Whether a heal on ``device`` compiles its step: ``compile``, or by default on CUDA only."""
+        return self.compile if self.compile is not None else device == "cuda"
+
 
 @dataclass
 class HealReport:
@@ -192,7 +196,7 @@ def _sequences(teacher, tokenizer, opts: HealOptions, progress: bool = False) ->
         train = windows_from_text(ids[:cut], opts.train_samples, opts.seq_len)
         if opts.mix_sampled:  # more, other text than the file's; the held-out windows stay the file's
             train = torch.cat([train, sample_from_model(teacher, tokenizer, opts.mix_sampled, opts.seq_len, opts.seed,
-                                                        opts.sample_batch, progress).to(train.device)])
+                                                        opts.sample_batch, progress)])
         return train, windows_from_text(ids[cut:], opts.heldout_samples, opts.seq_len)
     seqs = sample_from_model(teacher, tokenizer, total, opts.seq_len, opts.seed, opts.sample_batch, progress)
     return seqs[: opts.train_samples], seqs[opts.train_samples:]
@@ -255,7 +259,7 @@ def heal(
     gen = torch.Generator().manual_seed(opts.seed)
 
     kl = _kl
-    if opts.compile if opts.compile is not None else device == "cuda":
+    if opts.compiles(device):
         for model in (teacher, student):
             _compile_blocks(model)
         kl = torch.compile(_kl, backend=COMPILE_BACKEND, dynamic=False)
@@ -270,8 +274,7 @@ def heal(
     done = 0
     # compiled blocks keep a graph for each of: the teacher, the student's held-out pass and its training step (the
     # first block's input takes no gradient, the others' do), in each phase: more than dynamo's default 8
-    room = torch._dynamo.config.patch(recompile_limit=max(16, torch._dynamo.config.recompile_limit))
-    with room:
+    with torch._dynamo.config.patch(recompile_limit=max(16, torch._dynamo.config.recompile_limit)):
         for i, (steps, lr, freeze) in enumerate(phases):
             if i > 0:  # the next phase starts from the best state so far
                 _restore(student, qat, best)
