@@ -160,12 +160,11 @@ def main() -> int:
         """Build variant ``base`` in ``work`` (or reuse one built there by the same command): dir, command, seconds."""
         method, group, planes, act_order, float_target, *rest = VARIANTS[base]
         passes = rest[0] if rest else 1
+        gptq_flags = ((" --act-order" if act_order else " --no-act-order") + f" --passes {passes}"
+                      + (" --float-target" if float_target else " --no-float-target")
+                      + f" --calib CALIB --calib-samples {CALIB['samples']} --calib-seq-len {CALIB['seq_len']}")
         command = (f"trit quantize MODEL OUT --method {method} --group-size {group} --planes {planes}"
-                   + ((" --act-order" if act_order else " --no-act-order") + f" --passes {passes}"
-                      if method == "gptq" else "")
-                   + ((" --float-target" if float_target else " --no-float-target") if method == "gptq" else "")
-                   + (f" --calib CALIB --calib-samples {CALIB['samples']} --calib-seq-len {CALIB['seq_len']}"
-                      if method == "gptq" else ""))
+                   + (gptq_flags if method == "gptq" else ""))
         stamp = work / f"{base}.built.json"
         built = json.loads(stamp.read_text()) if stamp.is_file() else {}
         if built.get("command") != command:

@@ -130,9 +130,9 @@ def _ptq_name(row: dict) -> str:
         seq = _flag(row, "--seq-len", i)
         weight_lr = _flag(row, "--weight-lr", i)
         mix = _flag(row, "--mix-sampled", i)
-        data = f"{'text' if '--data' in words else 'teacher-sampled'} data" + (f" + {mix} sampled" if mix else "") + (
-            f", batch {_flag(row, '--batch', i) or 8}") + (
-            f"x{seq}" if seq else "") + (", compiled" if compiled else "")
+        data = (f"{'text' if '--data' in words else 'teacher-sampled'} data" + (f" + {mix} sampled" if mix else "")
+                + f", batch {_flag(row, '--batch', i) or 8}" + (f"x{seq}" if seq else "")
+                + (", compiled" if compiled else ""))
         first = _flag(row, "--scales-first", i)
         if first:  # two phases in one run
             phases.append(f"{data}, scales+norms{what.removeprefix('all')}, lr {_flag(row, '--scales-first-lr', i)}, "
