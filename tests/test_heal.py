@@ -48,8 +48,6 @@ def test_compiled_step_trains_as_the_eager_one(pair, tmp_path: Path, monkeypatch
 
     The backend is ``aot_eager`` here: it traces and splits forward from backward as the default backend does,
     without generating kernels (inductor takes minutes on two CPU cores)."""
-    import dataclasses
-
     import trit.heal
 
     opts = dataclasses.replace(OPTS, steps=12, scales_first=8, eval_every=4)
@@ -80,8 +78,6 @@ def test_compiles_by_default_on_cuda_only() -> None:
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA: inductor's GPU kernels")
 def test_compiled_step_on_cuda(pair, tmp_path: Path) -> None:
     """The default on CUDA (compile, inductor, bf16 autocast) trains as the eager step does."""
-    import dataclasses
-
     opts = dataclasses.replace(OPTS, steps=12, scales_first=8, eval_every=4, device="cuda")
     runs = [heal(pair[1], pair[0], tmp_path / str(c), dataclasses.replace(opts, compile=c), progress=False,
                  log=lambda s: None) for c in (False, None)]
@@ -157,8 +153,6 @@ def test_heldout_windows_are_the_texts_tail(pair, tmp_path: Path) -> None:
 def test_scales_train_while_the_codes_stay(pair, tmp_path: Path, change: dict) -> None:
     """``freeze_codes``, a zero learning rate for the latent weights alone, or a codes-fixed first phase whose
     state stays the best: the scales move, no code does."""
-    import dataclasses
-
     teacher, ckpt = pair
     report = heal(ckpt, teacher, tmp_path / "healed", dataclasses.replace(OPTS, **change), progress=False,
                   log=lambda s: None)
@@ -173,8 +167,6 @@ def test_scales_train_while_the_codes_stay(pair, tmp_path: Path, change: dict) -
 
 def test_two_phases_scales_first_then_all(pair, tmp_path: Path) -> None:
     """``scales_first``: a codes-fixed phase, then the main phase from its best state; one step count runs on."""
-    import dataclasses
-
     teacher, ckpt = pair
     opts = dataclasses.replace(OPTS, scales_first=10, steps=20)
     report = heal(ckpt, teacher, tmp_path / "healed", opts, progress=False, log=lambda s: None)
@@ -235,8 +227,6 @@ def test_unfreeze_starts_from_the_fixed_codes_and_new_scales(pair) -> None:
 @pytest.mark.parametrize("tie", [False, True], ids=["untied", "tied"])
 def test_train_embeddings_writes_them(tmp_path: Path, tie: bool) -> None:
     """With ``train_embeddings`` the written checkpoint carries the trained embeddings (one tensor when tied)."""
-    import dataclasses
-
     from safetensors.torch import load_file
 
     from trit.synthetic import make_checkpoint
@@ -279,8 +269,6 @@ def test_snapshot_copies_a_tied_embedding_once(tmp_path: Path) -> None:
                                               ({"batch": 0}, "--batch"), ({"lr": float("nan")}, "--lr"),
                                               ({"mix_sampled": 4}, "--mix-sampled 4: mixes sampled sequences into")])
 def test_heal_refuses_bad_options_before_writing(pair, tmp_path: Path, change: dict, flag: str) -> None:
-    import dataclasses
-
     from trit.convert import ConvertError
 
     teacher, ckpt = pair
