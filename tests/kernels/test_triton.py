@@ -73,6 +73,19 @@ def test_gemv(n: int, k: int, group: int, m: int, dtype: torch.dtype) -> None:
         check(y.cpu(), reference_out(x, packed, scale, group, b), dtype)
 
 
+@pytest.mark.parametrize(("group", "block_kw", "mode"), [(48, 16, 0), (32, 16, 1), (128, 4, 2), (64, 4, 2)])
+def test_gemv_scale_modes(group: int, block_kw: int, mode: int) -> None:
+    """Each way a step meets its scales (a word, a group, one for the step), masked tails and split-K included."""
+    from trit.kernels import gemv
+
+    assert gemv.scale_mode(group, block_kw) == mode
+    n, k = 24, 576
+    packed, scale = layer(n, k, group, seed=group)
+    x, b = inputs(2, k, n, torch.bfloat16, bias=True, seed=group)
+    y = gemv.gemv(x, packed.view(torch.int32), scale, group, b, gemv.GemvConfig(8, block_kw, 2, 4))
+    check(y.cpu(), reference_out(x, packed, scale, group, b), torch.bfloat16)
+
+
 @pytest.mark.parametrize(("dtype", "kind"), [(torch.bfloat16, "tiny"), (torch.bfloat16, "outliers"),
                                             (torch.float16, "tiny"), (torch.float16, "large")])
 def test_gemv_activations_far_from_one(dtype: torch.dtype, kind: str) -> None:
