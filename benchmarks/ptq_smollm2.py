@@ -203,7 +203,8 @@ def main() -> int:
                     + (" --train-embeddings" if spec["emb"] else "")
                     + (f" --scales-first {spec['first']} --scales-first-lr {spec['first_lr']}" if spec["first"] else "")
                     + ("" if spec["gc"] else " --no-grad-checkpointing")
-                    + (f" --mix-sampled {spec['mix']} --sample-batch {spec['sample_batch']}" if spec["mix"] else "")
+                    + (f" --mix-sampled {spec['mix']}" if spec["mix"] else "")
+                    + (f" --sample-batch {spec['sample_batch']}" if spec["mix"] or spec["data"] != "text" else "")
                     + (" --compile" if hopts.compiles(args.device) else " --no-compile"))  # what ran
         seconds = (0.0 if prev is None or spec["from"] != "prev" else prev[2]) + time.perf_counter() - start
         record("healed", out, command, seconds, audit(out, values=False).bits_per_weight,
