@@ -152,9 +152,10 @@ def _parser() -> argparse.ArgumentParser:
     h.add_argument("--heldout-samples", type=int, default=heal_defaults.heldout_samples,
                    help="held-out sequences the best student is chosen on")
     h.add_argument("--mix-sampled", type=int, default=heal_defaults.mix_sampled, metavar="N",
-                   help="with --data: N sequences the teacher samples join the text's training windows")
+                   help="with --data: N sequences the teacher samples join the text's training windows (2048 "
+                        "gave the best measured heal of SmolLM2-135M on a GPU; sampling is slow on a CPU)")
     h.add_argument("--sample-batch", type=int, default=heal_defaults.sample_batch,
-                   help="data-free: sequences the teacher samples at once")
+                   help="sequences the teacher samples at once (without --data, or with --mix-sampled)")
     h.add_argument("--freeze-codes", action="store_true", help="train the scales and norms only; the codes stay")
     h.add_argument("--scales-first", type=int, default=heal_defaults.scales_first, metavar="N",
                    help="first N steps with every code fixed (scales and norms learn, and the embeddings with "

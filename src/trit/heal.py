@@ -79,7 +79,9 @@ class HealOptions:
     # fewer, fused kernels a step; None: on CUDA only (the first step of each phase compiles: about 20 s for
     # SmolLM2-135M on the H200 machine)
     compile: bool | None = None
-    mix_sampled: int = 0  # with data: this many teacher-sampled sequences join the text's training windows
+    # with data: this many teacher-sampled sequences join the text's training windows; 2048 took SmolLM2 from
+    # 86.9 to 70.5 (benchmarks/results/ptq_smollm2_heal_mix_h200.json); off by default: sampling is slow on a CPU
+    mix_sampled: int = 0
 
     def compiles(self, device: str) -> bool:
         """Whether a heal on ``device`` compiles its step: ``compile``, or by default on CUDA only."""
