@@ -2,6 +2,8 @@
 
     ncu --clock-control none --section SpeedOfLight --section Occupancy --section WarpStateStats \\
         -k regex:_gemv python benchmarks/profile_kernel.py gemv 4096 4096 1 64,64,2,4
+
+The kernel is ``gemv``, ``skinny`` or ``gemm``; the config is its config class's fields, comma-separated.
 """
 
 from __future__ import annotations
@@ -11,7 +13,7 @@ import sys
 import torch
 
 from trit.bench.kernels import ternary_layer
-from trit.kernels import gemm, gemv
+from trit.kernels import gemm, gemv, skinny
 
 
 def main(kernel: str, n: int, k: int, m: int, config: str | None) -> None:
@@ -21,6 +23,9 @@ def main(kernel: str, n: int, k: int, m: int, config: str | None) -> None:
     if kernel == "gemv":
         cfg = gemv.GemvConfig(*fields) if fields else None
         run = lambda: gemv.gemv(x, packed.view(torch.int32), scale, 64, None, cfg)  # noqa: E731
+    elif kernel == "skinny":
+        cfg = skinny.SkinnyConfig(*fields) if fields else None
+        run = lambda: skinny.skinny(x, packed.view(torch.int32), scale, 64, None, cfg)  # noqa: E731
     else:
         cfg = gemm.GemmConfig(*fields) if fields else None
         run = lambda: gemm.gemm(x, packed.view(torch.int32), scale, 64, None, cfg)  # noqa: E731

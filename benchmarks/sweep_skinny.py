@@ -9,6 +9,8 @@ time). From the repository root:
 
 A config is ``SkinnyConfig``'s fields (block_n, block_k, split_k, num_warps,
 num_stages, steps), comma-separated; ``--configs`` replaces the default list.
+``--kernel-file`` times a variant of ``src/trit/kernels/skinny.py`` (a copy with
+a change) instead of the shipped kernel, against the same op and cuBLAS.
 """
 
 from __future__ import annotations
@@ -29,13 +31,27 @@ DEFAULT_CONFIGS = " ".join(
     + ["256,64,2,8,4,1", "256,64,4,8,4,1"])
 
 
-def sweep(configs: list[tuple[int, ...]], ms: list[int]) -> dict:
+def load_kernel_file(path: Path):
+    """A skinny kernel module from a file (a variant of ``trit.kernels.skinny``)."""
+    import importlib.util
+
+    spec = importlib.util.spec_from_file_location("skinny_variant", path)
+    mod = importlib.util.module_from_spec(spec)
+    sys.modules["skinny_variant"] = mod
+    spec.loader.exec_module(mod)
+    return mod
+
+
+def sweep(configs: list[tuple[int, ...]], ms: list[int], kernel_file: Path | None = None) -> dict:
     import torch
     import torch.nn.functional as F
 
     import trit.ops  # noqa: F401  registers torch.ops.trit.linear
     from trit.bench.kernels import copies_for, copy_bandwidth, ternary_layer
     from trit.kernels import skinny, tuning
+
+    if kernel_file is not None:
+        skinny = load_kernel_file(kernel_file)  # noqa: F811
 
     l2 = torch.cuda.get_device_properties(0).L2_cache_size
     out = {"command": sys.argv, "device": torch.cuda.get_device_name(), "torch": torch.__version__,
@@ -85,13 +101,14 @@ def main() -> int:
     ap.add_argument("--ms", type=int, nargs="+", default=[1, 4, 16, 64])
     ap.add_argument("--out", type=Path)
     ap.add_argument("--summary", type=Path, help="print the best config per problem of this file")
+    ap.add_argument("--kernel-file", type=Path, help="a variant of src/trit/kernels/skinny.py to time instead")
     a = ap.parse_args()
     if a.summary:
         rows = json.loads(a.summary.read_text())["rows"]
     else:
         t0 = time.time()
         configs = [tuple(int(v) for v in c.split(",")) for c in a.configs.split()]
-        result = sweep(configs, a.ms)
+        result = sweep(configs, a.ms, a.kernel_file)
         result["seconds"] = time.time() - t0
         rows = result["rows"]
         if a.out:

@@ -60,7 +60,7 @@ def sweep(base_path: Path, variant_path: Path, configs: list[tuple[int, ...]], m
                     err = ((calls(variant, cfg)[0]().float() - ref).norm() / ref.norm()).item()
                     row["new"][str(cfg)] = (tuning.graph_time_us(calls(variant, cfg), reps=5), err)
                 except Exception as e:  # a config that does not compile or run
-                    row["new"][str(cfg)] = (None, repr(e)[:100])
+                    row["new"][str(cfg)] = (None, repr(e)[:300])
             rows.append(row)
             print(summary_line(row), flush=True)
     return rows
@@ -68,6 +68,8 @@ def sweep(base_path: Path, variant_path: Path, configs: list[tuple[int, ...]], m
 
 def summary_line(row: dict) -> str:
     timed = [(v[0], cfg) for cfg, v in row["new"].items() if v[0]]
+    if not timed:  # every config failed: show the first error
+        return f"| M={row['m']} {row['n']}x{row['k']} | {row['old_us']:.2f} | none ran: {next(iter(row['new'].values()))[1]} |"
     us, cfg = min(timed)
     return f"| M={row['m']} {row['n']}x{row['k']} | {row['old_us']:.2f} | {us:.2f} | {cfg} |"
 
