@@ -94,6 +94,10 @@ CONFIGS = tuple(
         (16, 64, 1, 4), (16, 128, 2, 4), (128, 64, 1, 8), (128, 64, 2, 8), (32, 128, 1, 8), (64, 64, 8, 4),
         # narrow steps over many rows: each step's activations are shared by more rows (see default_config)
         (64, 32, 1, 4), (64, 32, 2, 4), (64, 32, 4, 4), (128, 32, 1, 4), (128, 32, 2, 4), (32, 32, 2, 4),
+        # one warp a program: no warp waits at a barrier for another's activations
+        # (benchmarks/results/gemv-variants/sweep_warps.json)
+        (32, 32, 1, 1), (32, 32, 2, 1), (32, 32, 4, 1), (32, 32, 8, 1), (16, 32, 1, 1), (16, 32, 2, 1),
+        (16, 64, 2, 1),
     )
 )
 
