@@ -25,6 +25,7 @@ import sys
 import tempfile
 from pathlib import Path
 
+import torch
 import triton
 from triton.backends.compiler import GPUTarget
 from triton.compiler import ASTSource
@@ -36,19 +37,20 @@ COMMON = {"x_ptr": "*bf16", "w_ptr": "*i32", "s_ptr": "*fp16", "b_ptr": "*fp16",
 
 
 def _problem(kernel: str, fields: list[int], m: int):
-    """(jit function, signature, constexprs, divisible args, options, weights a thread a loop trip)."""
+    """(jit function, signature, constexprs, divisible args, options, a thread's share of a loop trip, its unit):
+    a GEMV thread's share is counted in words of 16 weights, a skinny thread's in weights."""
     if kernel == "gemv":
         from trit.kernels import gemv
 
         cfg = gemv.GemvConfig(*fields)
         sig = dict(COMMON, M="i32", N="i32", KW="i32", G="i32", stride_xm="i32", one_bits="i32")
         consts = {"GROUP_W": 4, "HAS_BIAS": False, "M_ROWS": m, "BLOCK_N": cfg.block_n, "BLOCK_KW": cfg.block_kw,
-                  "SPLIT_K": cfg.split_k, "EVEN": True, "PAIRED": True, "X_SCALE": 2.0 ** -gemv.X_SHIFT[_bf16()],
+                  "SPLIT_K": cfg.split_k, "EVEN": True, "PAIRED": True, "X_SCALE": 2.0 ** -gemv.X_SHIFT[torch.bfloat16],
                   "SCALE_MODE": gemv.scale_mode(64, cfg.block_kw)}
         div = ["N", "KW", "G", "stride_xm", "one_bits"]
         opts = {"num_warps": cfg.num_warps}
-        per_trip = cfg.block_n * cfg.block_kw * 16 // (32 * cfg.num_warps)
-        return gemv._gemv_kernel, sig, consts, div, opts, per_trip
+        per_trip = cfg.block_n * cfg.block_kw // (32 * cfg.num_warps)
+        return gemv._gemv_kernel, sig, consts, div, opts, per_trip, "word"
     from trit.kernels import skinny
 
     cfg = skinny.SkinnyConfig(*fields)
@@ -58,13 +60,7 @@ def _problem(kernel: str, fields: list[int], m: int):
     div = ["N", "K", "KW", "G", "stride_xm"]
     opts = {"num_warps": cfg.num_warps, "num_stages": cfg.num_stages}
     per_trip = cfg.block_n * cfg.block_k * cfg.steps // (32 * cfg.num_warps)
-    return skinny._skinny_kernel, sig, consts, div, opts, per_trip
-
-
-def _bf16():
-    import torch
-
-    return torch.bfloat16
+    return skinny._skinny_kernel, sig, consts, div, opts, per_trip, "weight"
 
 
 def loop_ops(sass: str) -> collections.Counter:
@@ -80,7 +76,7 @@ def loop_ops(sass: str) -> collections.Counter:
 
 
 def compile_one(kernel: str, fields: list[int], m: int) -> dict:
-    fn, sig, consts, div, opts, per_trip = _problem(kernel, fields, m)
+    fn, sig, consts, div, opts, per_trip, unit = _problem(kernel, fields, m)
     for name in consts:
         sig[name] = "constexpr"
     attrs = {(fn.arg_names.index(a),): [["tt.divisibility", 16]] for a in [*COMMON, *div]}
@@ -92,13 +88,12 @@ def compile_one(kernel: str, fields: list[int], m: int) -> dict:
         sass = subprocess.run([BIN / "cuobjdump", "-sass", cubin], capture_output=True, text=True).stdout
     ops = loop_ops(sass)
     total = sum(ops.values())
-    unit = 16 if kernel == "gemv" else 1  # a GEMV thread's share is counted in words of 16 weights
     return {"kernel": kernel, "config": fields, "m": m,
             "registers": int(re.search(r"REG:(\d+)", usage).group(1)),
             "stack_bytes": int(re.search(r"STACK:(\d+)", usage).group(1)),
             "loop_instructions": total,
-            "per_thread_per_trip": per_trip // unit, "unit": "word" if unit == 16 else "weight",
-            "loop_instructions_per_unit": total / (per_trip // unit),
+            "per_thread_per_trip": per_trip, "unit": unit,
+            "loop_instructions_per_unit": total / per_trip,
             "loop_opcodes": dict(ops.most_common())}
 
 
