@@ -25,7 +25,6 @@ import sys
 import tempfile
 from pathlib import Path
 
-import torch
 import triton
 from triton.backends.compiler import GPUTarget
 from triton.compiler import ASTSource
@@ -45,8 +44,7 @@ def _problem(kernel: str, fields: list[int], m: int):
         cfg = gemv.GemvConfig(*fields)
         sig = dict(COMMON, M="i32", N="i32", KW="i32", G="i32", stride_xm="i32", one_bits="i32")
         consts = {"GROUP_W": 4, "HAS_BIAS": False, "M_ROWS": m, "BLOCK_N": cfg.block_n, "BLOCK_KW": cfg.block_kw,
-                  "SPLIT_K": cfg.split_k, "EVEN": True, "PAIRED": True, "X_SCALE": 2.0 ** -gemv.X_SHIFT[torch.bfloat16],
-                  "SCALE_MODE": gemv.scale_mode(64, cfg.block_kw)}
+                  "SPLIT_K": cfg.split_k, "EVEN": True, "PTX": True, "SCALE_MODE": gemv.scale_mode(64, cfg.block_kw)}
         div = ["N", "KW", "G", "stride_xm", "one_bits"]
         opts = {"num_warps": cfg.num_warps}
         per_trip = cfg.block_n * cfg.block_kw // (32 * cfg.num_warps)

@@ -74,9 +74,11 @@ def test_gemv(n: int, k: int, group: int, m: int, dtype: torch.dtype) -> None:
         check(y.cpu(), reference_out(x, packed, scale, group, b), dtype)
 
 
-@pytest.mark.parametrize(("group", "block_kw", "mode"), [(48, 16, 0), (32, 16, 1), (128, 4, 2), (64, 4, 2)])
+@pytest.mark.parametrize(("group", "block_kw", "mode"),
+                         [(48, 16, 0), (32, 16, 1), (128, 4, 2), (64, 4, 2), (-1, 128, 2), (-1, 64, 2)])
 def test_gemv_scale_modes(group: int, block_kw: int, mode: int) -> None:
-    """Each way a step meets its scales (a word, a group, one for the step), masked tails and split-K included."""
+    """Each way a step meets its scales (a word, a group, one for the step), masked tails and split-K included;
+    steps of 64 and 128 words add their integer sums 32 words at a time on a GPU."""
     from trit.kernels import gemv
 
     assert gemv.scale_mode(group, block_kw) == mode
@@ -90,8 +92,8 @@ def test_gemv_scale_modes(group: int, block_kw: int, mode: int) -> None:
 @pytest.mark.parametrize(("dtype", "kind"), [(torch.bfloat16, "tiny"), (torch.bfloat16, "outliers"),
                                             (torch.float16, "tiny"), (torch.float16, "large")])
 def test_gemv_activations_far_from_one(dtype: torch.dtype, kind: str) -> None:
-    """On a GPU the GEMV multiplies in fp16 pairs, the activations scaled by 2**-3 (fp16) or 2**-4 (bf16): tiny
-    ones, large fp16 ones, and bf16 outliers past fp16's range (one input in 97 at 2e5) still come out right."""
+    """On a GPU the GEMV rounds each step's activations to 14-bit integers against the step's largest: tiny ones,
+    large fp16 ones, and bf16 outliers past fp16's range (one input in 97 at 2e5) still come out right."""
     from trit.kernels import gemv
 
     n, k, group = (256, 4096, 64) if CUDA else (40, 576, 64)

@@ -1,22 +1,22 @@
 """Decode GEMV: ``y = x @ W.T`` for a few rows of activations (M <= 4), on CUDA cores, near memory bandwidth.
 
 At M = 1 a ternary layer is read once per token, so the kernel must decode
-2-bit codes faster than memory delivers them. On an NVIDIA GPU it decodes and
-multiplies two weights at once, in 16-bit float halves (``PAIRED``, inline PTX,
-one block per word). ``(word & 0x00030003 << p) | 0x64006400`` is two fp16
-numbers ``1024 + c * 2**p`` (code ``i`` in the low half, code ``i + 8`` in the
-high half, p in 0, 2, .., 8; the word shifted right by 10 serves codes 5-7 and
-13-15). One ``fma.f16x2`` by ``2**-p`` less ``(1024 * 2**-p + 1)`` leaves
-``c - 1`` in {-1, 0, 1} exactly, and a second adds it times the activation
-pair into an fp16x2 sum of the word's eight pairs, which goes to f32 once a
-word. Two weights cost one logic op and two FMAs. The activations enter fp16
-scaled by ``2**-X_SHIFT[dtype]`` (undone on the row sums), so that a sum of
-eight of them cannot overflow: fp16 activations by ``2**-3`` (never, as
-``8 * 65504 / 8`` is fp16's largest number), bf16 ones by ``2**-4`` (bf16
-activations past 65504 fit; a word's sum overflows only when its eight
-activations of one sign add up past about ``10**6``). The price is at the small
-end: activations below ``2**-11`` (fp16) or ``2**-10`` (bf16) become fp16
-subnormals, with an absolute error of at most ``2**-22`` (``2**-21``) each.
+2-bit codes faster than memory delivers them. On an NVIDIA GPU (``PTX``) it
+multiplies in integers, two weights an instruction. Each step, every
+activation row is rounded to integers ``xi`` of at most ``XB`` bits against
+the step's largest activation (``x ~= xi * inv``, ``inv`` a power of two:
+activations within ``2**(XB - 8)`` of the largest keep every bit of a bf16),
+and packed two to a 32-bit register. A word of 16 codes meets them in one
+block of inline PTX: ``word & 0x03030303 << 2k`` leaves in byte ``b`` the code
+``c`` (0..2) of weight ``4b + k``, times ``4**k``; ``dp2a.lo`` multiplies bytes
+0 and 1 with a pair of int16 activations and adds, ``dp2a.hi`` bytes 2 and 3.
+Four such chains (k = 0..3) are joined as ``((t0 * 4 + t1) * 4 + t2) * 4 + t3
+= 64 * sum(c * xi)``: four logic ops, eight ``dp2a`` and three shift-adds a
+word, where the fp16-pair decode before it spent a logic op and two FMAs a
+pair of weights. The words' integer sums are added up a group (or a step) in
+int32 (at most ``INT_WORDS`` = 32 of them, so that no sum reaches 2**31), and
+``64 * sum(xi)`` (the same for every row) is taken off once a group to turn
+codes ``c`` into weights ``c - 1``.
 
 Under ``TRITON_INTERPRET=1`` (the CPU tests, which cannot run PTX) the same
 kernel decodes in f32 instead, from a float's mantissa: for a word shifted so
@@ -24,17 +24,15 @@ that code ``i`` sits at bits ``p, p + 1`` (p in 14, 16, 18, 20), one logic op
 ``(word & 3 << p) | 0x3F800000`` is the float ``1 + c * 2**(p - 23)``, one FMA
 with the activation pre-scaled by ``2**(23 - p)`` adds ``x_s + x * c``, and the
 ``x_s`` and ``- x`` terms, which depend on the activations only, are summed
-once per word and taken off before the group scale. That was the GPU path
-before the paired one (``benchmarks/results/gemv-variants/``).
+once per word and taken off before the group scale. The PTX strings are
+checked on the CPU by an emulator (``tests/kernels/test_gemv_ptx.py``).
 
 Each program owns ``BLOCK_N`` rows and a ``1 / SPLIT_K`` share of K; the next
-step's words are loaded while the current step computes. The word sums of a
-group are added up before its scale multiplies them (:func:`scale_mode`): a
-scale is loaded and applied once a group and row, and the accumulator holds one
-value a group of the step, not one a word. On the H200 that took the M = 1 time
-summed over Llama-3-8B's layers from 58.7 to 44.4 us with the same configs
-(``benchmarks/results/kernels.json``, against the run before it). Split-K programs add
-up in the same launch (:mod:`trit.kernels.splitk`).
+step's words and activations are loaded while the current step computes. A
+scale is loaded and applied once a group and row (:func:`scale_mode`).
+Split-K programs add up in the same launch (:mod:`trit.kernels.splitk`).
+Designs measured and not kept, and the sweeps that chose this one, are in
+``benchmarks/results/gemv-variants/``.
 
 Configs first, then the kernel, then the launcher (the layout of gemlite's
 kernel files).
@@ -42,7 +40,6 @@ kernel files).
 
 from __future__ import annotations
 
-import struct
 from dataclasses import dataclass
 
 import torch
@@ -53,8 +50,7 @@ from trit.kernels import decode, splitk
 
 MAX_M = 4
 ONE_BITS = 0x3F800000  # 1.0f
-# the paired path takes the activations into fp16 scaled by 2**-X_SHIFT, the row sums back by 2**X_SHIFT
-X_SHIFT = {torch.float16: 3, torch.bfloat16: 4}
+MAGIC = tl.constexpr(12582912.0)  # 1.5 * 2**23: x + MAGIC holds round(x) in its low mantissa bits
 
 
 @dataclass(frozen=True)
@@ -102,38 +98,35 @@ CONFIGS = tuple(
 )
 
 
-def _f16x2(v: float) -> str:
-    """PTX immediate of the fp16 ``v`` in both halves of a 32-bit register."""
-    (bits,) = struct.unpack("<H", struct.pack("<e", v))
-    return f"0x{bits:04x}{bits:04x}"
+# activations become integers of at most XB bits (sign aside); words' sums are added in int32 INT_WORDS at a time:
+# a word's 64 * sum(c * xi) is below 64 * 16 * 2 * 2**XB = 2**25, INT_WORDS of them below 2**30
+XB = tl.constexpr(14)
+INT_WORDS = tl.constexpr(32)
 
 
 def _word_ptx() -> str:
-    """PTX: ``$0`` (f32) = word ``$1``'s 16 weights dotted with the f16x2 activation pairs ``$2..$9``.
-
-    Pair ``j`` holds the activations of codes ``j`` (low half) and ``j + 8`` (high half), as the word holds them.
-    """
-    lines = ["{", ".reg .b32 w2, t, d, acc, sc, bi;", ".reg .b16 lo, hi;", ".reg .f32 flo, fhi;",
-             "shr.u32 w2, $1, 10;"]
-    for j in range(8):
-        src, p = ("$1", 2 * j) if j < 5 else ("w2", 2 * (j - 5))
-        lines += [f"lop3.b32 t, {src}, 0x{0x00030003 << p:08x}, 0x64006400, 0xea;",  # (a & b) | c: 1024 + c * 2**p
-                  f"mov.b32 sc, {_f16x2(2.0 ** -p)};",
-                  f"mov.b32 bi, {_f16x2(-(1024 * 2.0 ** -p + 1))};",
-                  "fma.rn.f16x2 d, t, sc, bi;",  # c - 1, exact
-                  f"mul.rn.f16x2 acc, d, ${2 + j};" if j == 0 else f"fma.rn.f16x2 acc, d, ${2 + j}, acc;"]
-    lines += ["mov.b32 {lo, hi}, acc;", "cvt.f32.f16 flo, lo;", "cvt.f32.f16 fhi, hi;", "add.f32 $0, flo, fhi;", "}"]
+    """PTX: ``$0`` (s32) = ``64 * sum(c * xi)`` over word ``$1``'s 16 codes ``c`` (0..2), with the int16
+    activation pairs ``$2..$9``: pair ``2k`` holds the activations of codes ``k`` (low half) and ``4 + k``, pair
+    ``2k + 1`` those of codes ``8 + k`` and ``12 + k``. Four short chains, not one long one: a dp2a waits for
+    the one before it."""
+    lines = ["{", ".reg .b32 m0, m1, m2, m3, t0, t1, t2, t3;"]
+    for k in range(4):
+        lines += [f"and.b32 m{k}, $1, 0x{0x03030303 << (2 * k):08x};",  # byte b: c of weight 4b + k, times 4**k
+                  f"dp2a.lo.s32.u32 t{k}, ${2 + 2 * k}, m{k}, 0;",
+                  f"dp2a.hi.s32.u32 t{k}, ${3 + 2 * k}, m{k}, t{k};"]
+    lines += ["shl.b32 t0, t0, 2;", "add.s32 t1, t0, t1;", "shl.b32 t1, t1, 2;", "add.s32 t2, t1, t2;",
+              "shl.b32 t2, t2, 2;", "add.s32 $0, t2, t3;", "}"]  # ((t0 * 4 + t1) * 4 + t2) * 4 + t3
     return "\n".join(lines)
 
 
 WORD_PTX = tl.constexpr(_word_ptx())
-PAIR_PTX = tl.constexpr("cvt.rn.f16x2.f32 $0, $2, $1;")  # $0 = (hi: $2, lo: $1) in fp16
+PACK_PTX = tl.constexpr("prmt.b32 $0, $1, $2, 0x5410;")  # the low 16 bits of $1 (low half) and of $2 (high)
 
 
 @triton.jit
-def _pair(lo, hi):
-    """Two f32 ``[BKW]`` -> one int32 ``[BKW]`` holding them as fp16 (lo in the low half)."""
-    return tl.inline_asm_elementwise(PAIR_PTX, "=r,f,f", [lo, hi], dtype=tl.int32, is_pure=True, pack=1)
+def _pack(lo, hi):
+    """Two int32 ``[BKW]`` -> one, their low 16 bits side by side (lo in the low half)."""
+    return tl.inline_asm_elementwise(PACK_PTX, "=r,r,r", [lo, hi], dtype=tl.int32, is_pure=True, pack=1)
 
 
 @triton.jit
@@ -185,28 +178,12 @@ def _fix_weight(i: tl.constexpr):
 
 
 @triton.jit
-def _dot_words(words, x_ptr, offs_w, w_ok, one_bits, PAIRED: tl.constexpr, X_SCALE: tl.constexpr):
-    """``[BN, BKW]`` f32: each word's 16 weights (minus one) dotted with their 16 activations (times
-    ``X_SCALE`` when ``PAIRED``: the kernel scales its row sums back).
-
-    The activations of the step are one contiguous ``[BKW, 16]`` load (coalesced), split into columns.
-    """
-    offs_x = offs_w[:, None] * 16 + tl.arange(0, 16)[None, :]
-    if w_ok is None:
-        xt = tl.load(x_ptr + offs_x)
-    else:
-        xt = tl.load(x_ptr + offs_x, mask=w_ok[:, None], other=0.0)
-    if PAIRED:
-        xs = _split16(xt.to(tl.float32) * X_SCALE)
-        return tl.inline_asm_elementwise(
-            WORD_PTX, "=f,r,r,r,r,r,r,r,r,r",
-            [words, _pair(xs[0], xs[8])[None, :], _pair(xs[1], xs[9])[None, :], _pair(xs[2], xs[10])[None, :],
-             _pair(xs[3], xs[11])[None, :], _pair(xs[4], xs[12])[None, :], _pair(xs[5], xs[13])[None, :],
-             _pair(xs[6], xs[14])[None, :], _pair(xs[7], xs[15])[None, :]],
-            dtype=tl.float32, is_pure=True, pack=1)
+def _dot_words(words, xt, one_bits):
+    """Interpreter path: ``[BN, BKW]`` f32, each word's 16 weights (minus one) dotted with their 16 activations
+    (``xt``: the step's ``[BKW, 16]``)."""
     xs = _split16(xt.to(tl.float32))
     part = tl.zeros(words.shape, tl.float32)
-    fix = tl.zeros(offs_w.shape, tl.float32)  # [BKW]: sum of x * (2**(23 - p) + 1), the same for every row
+    fix = tl.zeros((xt.shape[0],), tl.float32)  # [BKW]: sum of x * (2**(23 - p) + 1), the same for every row
     for i in tl.static_range(16):
         part = _mac(part, _window(words, i), xs[i], i, one_bits)
         fix += xs[i] * _fix_weight(i)
@@ -222,6 +199,67 @@ def _scaled(d, scale, SCALE_MODE: tl.constexpr, GROUP_W: tl.constexpr):
         return tl.sum(tl.reshape(d, (d.shape[0], d.shape[1] // GROUP_W, GROUP_W)), axis=2) * scale
     else:
         return tl.sum(d, axis=1, keep_dims=True) * scale
+
+
+@triton.jit
+def _int_sums(t, W: tl.constexpr):
+    """``[BN, BKW]`` int32 word sums -> ``[BN, BKW // W]`` f32 sums of W consecutive words, added in int32
+    ``INT_WORDS`` at a time."""
+    if W <= INT_WORDS:
+        sums = tl.sum(tl.reshape(t, (t.shape[0], t.shape[1] // W, W)), axis=2).to(tl.float32)
+    else:
+        parts = tl.sum(tl.reshape(t, (t.shape[0], t.shape[1] // W, W // INT_WORDS, INT_WORDS)), axis=3)
+        sums = tl.sum(parts.to(tl.float32), axis=2)
+    return sums
+
+
+@triton.jit
+def _int_dot(words, xt, scale, SCALE_MODE: tl.constexpr, GROUP_W: tl.constexpr):
+    """PTX path: the step's ``[BN, ACC_W]`` f32 contribution, as the module docstring derives.
+
+    ``xt`` (the step's ``[BKW, 16]`` activations) becomes integers ``xi`` under a power-of-two scale ``s`` with
+    ``max|x| * s < 2**XB``; each word's ``64 * sum(c * xi)`` comes from :data:`WORD_PTX`, summed in int32 a
+    group (or the step), less ``64 * sum(xi)``, times ``scale / (64 * s)``.
+    """
+    xt = xt.to(tl.float32)
+    amax = tl.max(tl.max(tl.abs(xt), axis=1), axis=0)
+    eb = tl.maximum((amax.to(tl.int32, bitcast=True) >> 23) & 0xFF, XB)  # biased exponent of max|x| (>= XB)
+    s = ((XB + 253 - eb) << 23).to(tl.float32, bitcast=True)  # 2**(XB - 1 - floor(log2 max|x|))
+    inv = ((eb + 1 - XB) << 23).to(tl.float32, bitcast=True)  # 1 / s
+    v = xt * s + MAGIC  # round(x * s) in the low mantissa bits
+    sx = tl.sum(v - MAGIC, axis=1) * 64.0  # [BKW]: 64 * sum(xi) a word, exact in f32
+    c = _split16(v.to(tl.int32, bitcast=True))
+    t = tl.inline_asm_elementwise(
+        WORD_PTX, "=r,r,r,r,r,r,r,r,r,r",
+        [words, _pack(c[0], c[4])[None, :], _pack(c[8], c[12])[None, :], _pack(c[1], c[5])[None, :],
+         _pack(c[9], c[13])[None, :], _pack(c[2], c[6])[None, :], _pack(c[10], c[14])[None, :],
+         _pack(c[3], c[7])[None, :], _pack(c[11], c[15])[None, :]],
+        dtype=tl.int32, is_pure=True, pack=1)
+    scale = scale * (inv * (1.0 / 64))
+    if SCALE_MODE == 0:
+        return (t.to(tl.float32) - sx[None, :]) * scale
+    elif SCALE_MODE == 1:
+        sg = tl.sum(tl.reshape(sx, (sx.shape[0] // GROUP_W, GROUP_W)), axis=1)
+        return (_int_sums(t, GROUP_W) - sg[None, :]) * scale
+    else:
+        return (_int_sums(t, t.shape[1]) - tl.sum(sx, axis=0)) * scale
+
+
+@triton.jit
+def _step(words, xt, scale, one_bits, SCALE_MODE: tl.constexpr, GROUP_W: tl.constexpr, PTX: tl.constexpr):
+    """One activation row's ``[BN, ACC_W]`` contribution from the step's words."""
+    if PTX:
+        return _int_dot(words, xt, scale, SCALE_MODE, GROUP_W)
+    return _scaled(_dot_words(words, xt, one_bits), scale, SCALE_MODE, GROUP_W)
+
+
+@triton.jit
+def _load_x(x_ptr, offs_w, kw_end, EVEN: tl.constexpr):
+    """A step's activations, one contiguous ``[BKW, 16]`` load (zeros past the share's end)."""
+    offs_x = offs_w[:, None] * 16 + tl.arange(0, 16)[None, :]
+    if EVEN:
+        return tl.load(x_ptr + offs_x)
+    return tl.load(x_ptr + offs_x, mask=(offs_w < kw_end)[:, None], other=0.0)
 
 
 @triton.jit
@@ -242,8 +280,7 @@ def _gemv_kernel(
     BLOCK_KW: tl.constexpr,
     SPLIT_K: tl.constexpr,
     EVEN: tl.constexpr,  # N % BLOCK_N == 0 and KW % (BLOCK_KW * SPLIT_K) == 0: no masks
-    PAIRED: tl.constexpr,  # decode and multiply in fp16 pairs (inline PTX, NVIDIA only); f32 otherwise
-    X_SCALE: tl.constexpr,  # 2**-X_SHIFT[x.dtype] when PAIRED, else 1; the row sums are scaled back by 1 / X_SCALE
+    PTX: tl.constexpr,  # integer dot products in inline PTX (NVIDIA only); f32 otherwise
     SCALE_MODE: tl.constexpr,  # 0: a scale a word; 1: BLOCK_KW % GROUP_W == 0; 2: a step inside one group
 ):
     pid_n = tl.program_id(0)
@@ -264,9 +301,19 @@ def _gemv_kernel(
         words = tl.load(w_ptrs)
     else:
         words = tl.load(w_ptrs, mask=row_ok[:, None] & (offs_w < kw_end)[None, :], other=0x55555555)
+    x0 = _load_x(x_ptr, offs_w, kw_end, EVEN)
+    x1 = x0
+    x2 = x0
+    x3 = x0
+    if M_ROWS > 1:
+        x1 = _load_x(x_ptr + stride_xm, offs_w, kw_end, EVEN)
+    if M_ROWS > 2:
+        x2 = _load_x(x_ptr + 2 * stride_xm, offs_w, kw_end, EVEN)
+    if M_ROWS > 3:
+        x3 = _load_x(x_ptr + 3 * stride_xm, offs_w, kw_end, EVEN)
     for kw0 in range(kw_start, kw_end, BLOCK_KW):
         offs_w = kw0 + tl.arange(0, BLOCK_KW)
-        # prefetch the next step's words while this one computes; the last step re-reads its own
+        # prefetch the next step's words and activations while this one computes; the last step re-reads its own
         step = tl.multiple_of(tl.where(kw0 + BLOCK_KW < kw_end, BLOCK_KW, 0), BLOCK_KW)
         if SCALE_MODE == 0:  # a scale a word
             offs_s = offs_w // GROUP_W
@@ -275,44 +322,46 @@ def _gemv_kernel(
         else:  # the step inside one group
             offs_s = kw0 // GROUP_W + tl.zeros((1,), tl.int32)
         if EVEN:
-            w_ok = None
             words_next = tl.load(w_ptrs + step)
             scale = tl.load(s_ptr + rows[:, None] * G + offs_s[None, :])
         else:
             nxt = offs_w + step
             words_next = tl.load(w_ptrs + step, mask=row_ok[:, None] & (nxt < kw_end)[None, :], other=0x55555555)
-            w_ok = offs_w < kw_end
             if SCALE_MODE == 0:
-                s_ok = row_ok[:, None] & w_ok[None, :]
+                s_ok = row_ok[:, None] & (offs_w < kw_end)[None, :]
             elif SCALE_MODE == 1:
                 s_ok = row_ok[:, None] & (offs_s * GROUP_W < kw_end)[None, :]
             else:
                 s_ok = row_ok[:, None]
             scale = tl.load(s_ptr + rows[:, None] * G + offs_s[None, :], mask=s_ok, other=0.0)
         scale = scale.to(tl.float32)  # [BN, ACC_W]
-        acc0 += _scaled(_dot_words(words, x_ptr, offs_w, w_ok, one_bits, PAIRED, X_SCALE), scale, SCALE_MODE,
-                        GROUP_W)
+        x_next = _load_x(x_ptr, offs_w + step, kw_end, EVEN)
+        acc0 += _step(words, x0, scale, one_bits, SCALE_MODE, GROUP_W, PTX)
+        x0 = x_next
         if M_ROWS > 1:
-            acc1 += _scaled(_dot_words(words, x_ptr + stride_xm, offs_w, w_ok, one_bits, PAIRED, X_SCALE), scale,
-                            SCALE_MODE, GROUP_W)
+            x_next = _load_x(x_ptr + stride_xm, offs_w + step, kw_end, EVEN)
+            acc1 += _step(words, x1, scale, one_bits, SCALE_MODE, GROUP_W, PTX)
+            x1 = x_next
         if M_ROWS > 2:
-            acc2 += _scaled(_dot_words(words, x_ptr + 2 * stride_xm, offs_w, w_ok, one_bits, PAIRED, X_SCALE),
-                            scale, SCALE_MODE, GROUP_W)
+            x_next = _load_x(x_ptr + 2 * stride_xm, offs_w + step, kw_end, EVEN)
+            acc2 += _step(words, x2, scale, one_bits, SCALE_MODE, GROUP_W, PTX)
+            x2 = x_next
         if M_ROWS > 3:
-            acc3 += _scaled(_dot_words(words, x_ptr + 3 * stride_xm, offs_w, w_ok, one_bits, PAIRED, X_SCALE),
-                            scale, SCALE_MODE, GROUP_W)
+            x_next = _load_x(x_ptr + 3 * stride_xm, offs_w + step, kw_end, EVEN)
+            acc3 += _step(words, x3, scale, one_bits, SCALE_MODE, GROUP_W, PTX)
+            x3 = x_next
         words = words_next
         w_ptrs += step
-    splitk.store_or_reduce(tl.sum(acc0, axis=1) * (1.0 / X_SCALE), y_ptr, ws_ptr, lock_ptr, b_ptr, rows,
+    splitk.store_or_reduce(tl.sum(acc0, axis=1), y_ptr, ws_ptr, lock_ptr, b_ptr, rows,
                            row_ok, 0, M, N, pid_n, pid_k, HAS_BIAS, SPLIT_K, M_ROWS, M_ROWS == 1)
     if M_ROWS > 1:
-        splitk.store_or_reduce(tl.sum(acc1, axis=1) * (1.0 / X_SCALE), y_ptr, ws_ptr, lock_ptr, b_ptr, rows,
+        splitk.store_or_reduce(tl.sum(acc1, axis=1), y_ptr, ws_ptr, lock_ptr, b_ptr, rows,
                                row_ok, 1, M, N, pid_n, pid_k, HAS_BIAS, SPLIT_K, M_ROWS, M_ROWS == 2)
     if M_ROWS > 2:
-        splitk.store_or_reduce(tl.sum(acc2, axis=1) * (1.0 / X_SCALE), y_ptr, ws_ptr, lock_ptr, b_ptr, rows,
+        splitk.store_or_reduce(tl.sum(acc2, axis=1), y_ptr, ws_ptr, lock_ptr, b_ptr, rows,
                                row_ok, 2, M, N, pid_n, pid_k, HAS_BIAS, SPLIT_K, M_ROWS, M_ROWS == 3)
     if M_ROWS > 3:
-        splitk.store_or_reduce(tl.sum(acc3, axis=1) * (1.0 / X_SCALE), y_ptr, ws_ptr, lock_ptr, b_ptr, rows,
+        splitk.store_or_reduce(tl.sum(acc3, axis=1), y_ptr, ws_ptr, lock_ptr, b_ptr, rows,
                                row_ok, 3, M, N, pid_n, pid_k, HAS_BIAS, SPLIT_K, M_ROWS, True)
 
 
@@ -328,8 +377,8 @@ def scale_mode(group_size: int, block_kw: int) -> int:
     return 1 if block_kw % group_w == 0 else 0
 
 
-def paired(device: torch.device) -> bool:
-    """Whether the kernel takes the fp16-pair path: PTX runs on NVIDIA GPUs, not in the CPU interpreter."""
+def ptx_path(device: torch.device) -> bool:
+    """Whether the kernel takes the integer path: PTX runs on NVIDIA GPUs, not in the CPU interpreter."""
     return device.type == "cuda" and torch.version.hip is None and not decode.interpreting()
 
 
@@ -350,13 +399,11 @@ def gemv(
     grid = (triton.cdiv(n, cfg.block_n), cfg.split_k)
     y, ws = splitk.outputs(x, n, cfg.split_k, grid[0])
     even = n % cfg.block_n == 0 and kw % (cfg.block_kw * cfg.split_k) == 0
-    pair = paired(x.device)
-    shift = X_SHIFT[x.dtype] if pair else 0
     _gemv_kernel[grid](
         x, words, scale, bias if bias is not None else scale, y, ws, splitk.counters(x.device),
         m, n, kw, scale.shape[1], x.stride(0), ONE_BITS,
-        GROUP_W=kw if group_size == -1 else group_size // 16, HAS_BIAS=bias is not None, M_ROWS=m, EVEN=even,
-        PAIRED=pair, X_SCALE=2.0 ** -shift, SCALE_MODE=scale_mode(group_size, cfg.block_kw),
+        GROUP_W=kw if group_size == -1 else group_size // 16, HAS_BIAS=bias is not None, M_ROWS=m, EVEN=even, PTX=ptx_path(x.device),
+        SCALE_MODE=scale_mode(group_size, cfg.block_kw),
         **cfg.as_kwargs(),
     )
     return y
