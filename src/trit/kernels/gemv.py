@@ -191,14 +191,18 @@ def _dot_words(words, xt, one_bits):
 
 
 @triton.jit
-def _scaled(d, scale, SCALE_MODE: tl.constexpr, GROUP_W: tl.constexpr):
-    """``[BN, BKW]`` word sums times their scales, as ``[BN, ACC_W]``: summed a group (or the step) first."""
-    if SCALE_MODE == 0:
-        return d * scale
-    elif SCALE_MODE == 1:
-        return tl.sum(tl.reshape(d, (d.shape[0], d.shape[1] // GROUP_W, GROUP_W)), axis=2) * scale
-    else:
-        return tl.sum(d, axis=1, keep_dims=True) * scale
+def _sums(d, W: tl.constexpr):
+    """``[BN, BKW]`` -> ``[BN, BKW // W]``: sums of W consecutive words."""
+    return tl.sum(tl.reshape(d, (d.shape[0], d.shape[1] // W, W)), axis=2)
+
+
+@triton.jit
+def _scaled(d, scale, SUM_W: tl.constexpr):
+    """``[BN, BKW]`` word sums times their scales, as ``[BN, BKW // SUM_W]``: a group's (or the step's) summed
+    first."""
+    if SUM_W > 1:
+        d = _sums(d, SUM_W)
+    return d * scale
 
 
 @triton.jit
@@ -206,7 +210,7 @@ def _int_sums(t, W: tl.constexpr):
     """``[BN, BKW]`` int32 word sums -> ``[BN, BKW // W]`` f32 sums of W consecutive words, added in int32
     ``INT_WORDS`` at a time."""
     if W <= INT_WORDS:
-        sums = tl.sum(tl.reshape(t, (t.shape[0], t.shape[1] // W, W)), axis=2).to(tl.float32)
+        sums = _sums(t, W).to(tl.float32)
     else:
         parts = tl.sum(tl.reshape(t, (t.shape[0], t.shape[1] // W, W // INT_WORDS, INT_WORDS)), axis=3)
         sums = tl.sum(parts.to(tl.float32), axis=2)
@@ -214,8 +218,8 @@ def _int_sums(t, W: tl.constexpr):
 
 
 @triton.jit
-def _int_dot(words, xt, scale, SCALE_MODE: tl.constexpr, GROUP_W: tl.constexpr):
-    """PTX path: the step's ``[BN, ACC_W]`` f32 contribution, as the module docstring derives.
+def _int_dot(words, xt, scale, SUM_W: tl.constexpr):
+    """PTX path: the step's ``[BN, BKW // SUM_W]`` f32 contribution, as the module docstring derives.
 
     ``xt`` (the step's ``[BKW, 16]`` activations) becomes integers ``xi`` under a power-of-two scale ``s`` with
     ``max|x| * s < 2**XB``; each word's ``64 * sum(c * xi)`` comes from :data:`WORD_PTX`, summed in int32 a
@@ -236,21 +240,19 @@ def _int_dot(words, xt, scale, SCALE_MODE: tl.constexpr, GROUP_W: tl.constexpr):
          _pack(c[3], c[7])[None, :], _pack(c[11], c[15])[None, :]],
         dtype=tl.int32, is_pure=True, pack=1)
     scale = scale * (inv * (1.0 / 64))
-    if SCALE_MODE == 0:
-        return (t.to(tl.float32) - sx[None, :]) * scale
-    elif SCALE_MODE == 1:
-        sg = tl.sum(tl.reshape(sx, (sx.shape[0] // GROUP_W, GROUP_W)), axis=1)
-        return (_int_sums(t, GROUP_W) - sg[None, :]) * scale
+    if SUM_W == 1:
+        d = t.to(tl.float32) - sx[None, :]
     else:
-        return (_int_sums(t, t.shape[1]) - tl.sum(sx, axis=0)) * scale
+        d = _int_sums(t, SUM_W) - tl.sum(tl.reshape(sx, (sx.shape[0] // SUM_W, SUM_W)), axis=1)[None, :]
+    return d * scale
 
 
 @triton.jit
-def _step(words, xt, scale, one_bits, SCALE_MODE: tl.constexpr, GROUP_W: tl.constexpr, PTX: tl.constexpr):
-    """One activation row's ``[BN, ACC_W]`` contribution from the step's words."""
+def _step(words, xt, scale, one_bits, SUM_W: tl.constexpr, PTX: tl.constexpr):
+    """One activation row's ``[BN, BKW // SUM_W]`` contribution from the step's words."""
     if PTX:
-        return _int_dot(words, xt, scale, SCALE_MODE, GROUP_W)
-    return _scaled(_dot_words(words, xt, one_bits), scale, SCALE_MODE, GROUP_W)
+        return _int_dot(words, xt, scale, SUM_W)
+    return _scaled(_dot_words(words, xt, one_bits), scale, SUM_W)
 
 
 @triton.jit
@@ -290,7 +292,8 @@ def _gemv_kernel(
     words_per_split = tl.cdiv(tl.cdiv(KW, SPLIT_K), BLOCK_KW) * BLOCK_KW
     kw_start = pid_k * words_per_split
     kw_end = tl.minimum(kw_start + words_per_split, KW)
-    ACC_W: tl.constexpr = BLOCK_KW if SCALE_MODE == 0 else (BLOCK_KW // GROUP_W if SCALE_MODE == 1 else 1)
+    SUM_W: tl.constexpr = 1 if SCALE_MODE == 0 else (GROUP_W if SCALE_MODE == 1 else BLOCK_KW)  # words a scale
+    ACC_W: tl.constexpr = BLOCK_KW // SUM_W
     acc0 = tl.zeros((BLOCK_N, ACC_W), tl.float32)
     acc1 = tl.zeros((BLOCK_N, ACC_W), tl.float32)
     acc2 = tl.zeros((BLOCK_N, ACC_W), tl.float32)
@@ -336,19 +339,19 @@ def _gemv_kernel(
             scale = tl.load(s_ptr + rows[:, None] * G + offs_s[None, :], mask=s_ok, other=0.0)
         scale = scale.to(tl.float32)  # [BN, ACC_W]
         x_next = _load_x(x_ptr, offs_w + step, kw_end, EVEN)
-        acc0 += _step(words, x0, scale, one_bits, SCALE_MODE, GROUP_W, PTX)
+        acc0 += _step(words, x0, scale, one_bits, SUM_W, PTX)
         x0 = x_next
         if M_ROWS > 1:
             x_next = _load_x(x_ptr + stride_xm, offs_w + step, kw_end, EVEN)
-            acc1 += _step(words, x1, scale, one_bits, SCALE_MODE, GROUP_W, PTX)
+            acc1 += _step(words, x1, scale, one_bits, SUM_W, PTX)
             x1 = x_next
         if M_ROWS > 2:
             x_next = _load_x(x_ptr + 2 * stride_xm, offs_w + step, kw_end, EVEN)
-            acc2 += _step(words, x2, scale, one_bits, SCALE_MODE, GROUP_W, PTX)
+            acc2 += _step(words, x2, scale, one_bits, SUM_W, PTX)
             x2 = x_next
         if M_ROWS > 3:
             x_next = _load_x(x_ptr + 3 * stride_xm, offs_w + step, kw_end, EVEN)
-            acc3 += _step(words, x3, scale, one_bits, SCALE_MODE, GROUP_W, PTX)
+            acc3 += _step(words, x3, scale, one_bits, SUM_W, PTX)
             x3 = x_next
         words = words_next
         w_ptrs += step
@@ -402,8 +405,8 @@ def gemv(
     _gemv_kernel[grid](
         x, words, scale, bias if bias is not None else scale, y, ws, splitk.counters(x.device),
         m, n, kw, scale.shape[1], x.stride(0), ONE_BITS,
-        GROUP_W=kw if group_size == -1 else group_size // 16, HAS_BIAS=bias is not None, M_ROWS=m, EVEN=even, PTX=ptx_path(x.device),
-        SCALE_MODE=scale_mode(group_size, cfg.block_kw),
+        GROUP_W=kw if group_size == -1 else group_size // 16, HAS_BIAS=bias is not None, M_ROWS=m, EVEN=even,
+        PTX=ptx_path(x.device), SCALE_MODE=scale_mode(group_size, cfg.block_kw),
         **cfg.as_kwargs(),
     )
     return y
