@@ -50,8 +50,8 @@ def store_or_reduce(
             ticket = tl.atomic_add(lock_ptr + pid_n, 1, sem="acq_rel", scope="gpu")
             if ticket == SPLIT_K - 1:
                 for mm in tl.static_range(M_ROWS):
-                    total = tl.zeros_like(acc)
-                    for kk in tl.static_range(SPLIT_K):
+                    total = tl.load(ws_ptr + mm * N + rows, mask=row_ok, other=0.0, cache_modifier=".cg")
+                    for kk in tl.static_range(1, SPLIT_K):
                         total += tl.load(ws_ptr + (kk * M + mm) * N + rows, mask=row_ok, other=0.0,
                                          cache_modifier=".cg")
                     if HAS_BIAS:
