@@ -73,17 +73,23 @@ def loop_ops(sass: str) -> collections.Counter:
     return collections.Counter(best)
 
 
+def disassemble(cubin_bytes: bytes) -> tuple[str, str]:
+    """``cuobjdump``'s resource usage and SASS of a cubin."""
+    with tempfile.TemporaryDirectory() as d:
+        cubin = os.path.join(d, "k.cubin")
+        Path(cubin).write_bytes(cubin_bytes)
+        usage = subprocess.run([BIN / "cuobjdump", "-res-usage", cubin], capture_output=True, text=True).stdout
+        sass = subprocess.run([BIN / "cuobjdump", "-sass", cubin], capture_output=True, text=True).stdout
+    return usage, sass
+
+
 def compile_one(kernel: str, fields: list[int], m: int) -> dict:
     fn, sig, consts, div, opts, per_trip, unit = _problem(kernel, fields, m)
     for name in consts:
         sig[name] = "constexpr"
     attrs = {(fn.arg_names.index(a),): [["tt.divisibility", 16]] for a in [*COMMON, *div]}
     compiled = triton.compile(ASTSource(fn, sig, consts, attrs), target=GPUTarget("cuda", 90, 32), options=opts)
-    with tempfile.TemporaryDirectory() as d:
-        cubin = os.path.join(d, "k.cubin")
-        Path(cubin).write_bytes(compiled.asm["cubin"])
-        usage = subprocess.run([BIN / "cuobjdump", "-res-usage", cubin], capture_output=True, text=True).stdout
-        sass = subprocess.run([BIN / "cuobjdump", "-sass", cubin], capture_output=True, text=True).stdout
+    usage, sass = disassemble(compiled.asm["cubin"])
     ops = loop_ops(sass)
     total = sum(ops.values())
     return {"kernel": kernel, "config": fields, "m": m,

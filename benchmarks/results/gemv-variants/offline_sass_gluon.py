@@ -11,9 +11,7 @@ import argparse
 import importlib.util
 import json
 import os
-import subprocess
 import sys
-import tempfile
 from pathlib import Path
 
 import triton
@@ -22,7 +20,7 @@ from triton.experimental.gluon._runtime import GluonASTSource
 
 HERE = Path(__file__).parent
 sys.path.insert(0, str(HERE.parents[1]))
-from offline_sass import BIN, COMMON, loop_ops  # noqa: E402
+from offline_sass import COMMON, disassemble, loop_ops  # noqa: E402
 
 
 def load_variant(path: Path):
@@ -45,11 +43,7 @@ def compile_one(g, fields: list[int], m: int) -> dict:
     attrs = {(fn.arg_names.index(a),): [["tt.divisibility", 16]] for a in [*COMMON, "N", "KW", "G", "stride_xm"]}
     compiled = triton.compile(GluonASTSource(fn, sig, consts, attrs), target=GPUTarget("cuda", 90, 32),
                               options={"num_warps": nw})
-    with tempfile.TemporaryDirectory() as d:
-        cubin = os.path.join(d, "k.cubin")
-        Path(cubin).write_bytes(compiled.asm["cubin"])
-        usage = subprocess.run([BIN / "cuobjdump", "-res-usage", cubin], capture_output=True, text=True).stdout
-        sass = subprocess.run([BIN / "cuobjdump", "-sass", cubin], capture_output=True, text=True).stdout
+    usage, sass = disassemble(compiled.asm["cubin"])
     ops = loop_ops(sass)
     per_trip = bn * bkw // (32 * nw)
     return {"config": fields, "m": m, "stages": g.STAGES, "sd": g.SD, "tiled": g.TILE,
