@@ -1,5 +1,6 @@
 """A Gluon GEMV for M <= 4 on NVIDIA (sm_90, triton 3.6), kept as an experiment: the shipped integer GEMV's
-arithmetic with its data moved differently. Not shipped: no faster (the results README, 2026-12-01 (2)).
+arithmetic with its data moved differently. Not shipped: no faster summed (the results README's second
+2026-12-01 entry has its sweeps).
 
 Against ``trit/kernels/gemv.py``'s PTX path:
 - Each step's activations are rounded and packed once, in a compact layout (eight of a word a thread), and the
@@ -8,15 +9,15 @@ Against ``trit/kernels/gemv.py``'s PTX path:
   accumulator instead of a subtraction.
 - A block of inline PTX takes the four words of a scale group (``pack=4``) and chains each code position's
   ``dp2a`` over them: one shift-add reduction a group instead of one a word.
-- The words go global -> shared through a ring of ``STAGES`` ``cp.async`` stages (1 + STAGES - 1 steps in
-  flight); the scales are loaded ``SD`` steps ahead (0: in their step).
+- The words go global -> shared through a ring of ``STAGES`` ``cp.async`` stages (the
+  STAGES - 1 steps after the one computed in flight); the scales are loaded ``SD`` steps ahead (0: in their step).
 - ``TILED=1``: the words repacked on the host (once a tensor, cached) as ``[N / BN, KW / BKW, BN, BKW]``, so that a
   step's tile is 16 KB of contiguous memory (even shapes only).
 
 Knobs from the environment: ``STAGES`` (default 4), ``SD`` (0, 1 or 2; default 2), ``TILED`` (0 or 1; default 0).
 ``GemvConfig`` and ``gemv`` make it a variant file for ``sweep.py``. All 70 GEMV tests of
-``tests/kernels/test_triton.py`` pass with it on the H200 (``SD=2``, ``STAGES=4``, untiled; run through a pytest
-plugin that routed ``gemv.gemv`` to this file, not kept).
+``tests/kernels/test_triton.py`` pass with it on the H200 (``SD=2``, ``STAGES=4``, untiled), through
+``route_gemv.py``.
 """
 
 from __future__ import annotations
