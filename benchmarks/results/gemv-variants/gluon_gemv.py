@@ -31,14 +31,11 @@ from triton.experimental.gluon import language as gl
 from triton.experimental.gluon.language.nvidia.ampere import async_copy
 
 from trit.kernels import splitk
-from trit.kernels.gemv import GemvConfig, default_config, scale_mode  # noqa: F401
+from trit.kernels.gemv import MAGIC, PACK_PTX, XB, GemvConfig, default_config, scale_mode  # noqa: F401
 
 STAGES = int(os.environ.get("STAGES", "4"))
 SD = int(os.environ.get("SD", "2"))
 TILE = os.environ.get("TILED", "0") == "1"
-
-XB: gl.constexpr = gl.constexpr(14)
-MAGIC: gl.constexpr = gl.constexpr(12582912.0)
 
 
 def words_ptx(pack: int) -> str:
@@ -60,7 +57,6 @@ def words_ptx(pack: int) -> str:
     return "\n".join(lines + ["}"])
 
 
-PACK_PTX: gl.constexpr = gl.constexpr("prmt.b32 $0, $1, $2, 0x5410;")
 _PTX = {p: words_ptx(p) for p in (1, 2, 4)}
 _SPLIT_STORE = gluon.jit(splitk.store_or_reduce.fn)
 
