@@ -66,6 +66,22 @@ def test_greedy_generation_is_deterministic_and_streams(tiny_llama_trit: Path) -
     assert runtime.greedy_ids(loaded, ids, 12).shape == (1, 12)
 
 
+def test_teacher_forced_scores_match_generation(tiny_llama_trit: Path) -> None:
+    loaded = runtime.load(tiny_llama_trit, device="cpu")
+    ids = runtime.encode_prompt(loaded, "hello")[0].tolist()
+    new = runtime.greedy_ids(loaded, torch.tensor([ids]), 8)[0].tolist()
+    assert runtime.greedy_gaps(loaded, ids, new).abs().max().item() < 1e-5  # its own greedy tokens: its best
+    logp = runtime.token_logprobs(loaded, ids + new)
+    assert logp.shape == (len(ids) + 8, loaded.model.config.vocab_size)
+    worst = logp[len(ids) - 1].argmin().item()  # a token far below the best at the first new step
+    gap = runtime.greedy_gaps(loaded, ids, [worst])
+    assert gap.item() == pytest.approx((logp[len(ids) - 1].max() - logp[len(ids) - 1, worst]).item())
+    assert gap.item() > 0.5
+    scored = runtime.prompt_logprobs(loaded, ids + new)
+    assert scored.shape == (len(ids) + 7,)  # each token after its prefix: the new ones scored as generated
+    assert torch.equal(scored[len(ids) - 1:], logp[len(ids) - 1:-1].gather(1, torch.tensor(new)[:, None])[:, 0])
+
+
 def test_sampling_is_reproducible_with_a_seed(tiny_llama_trit: Path) -> None:
     loaded = runtime.load(tiny_llama_trit, device="cpu")
     opts = runtime.SamplingOptions(max_new_tokens=16, temperature=1.5, top_p=0.95, top_k=40,

@@ -265,3 +265,25 @@ def greedy_ids(loaded: Loaded, ids: torch.Tensor, max_new_tokens: int) -> torch.
             pad_token_id=loaded.tokenizer.pad_token_id or loaded.tokenizer.eos_token_id,
         )
     return out[:, ids.shape[1]:]
+
+
+def token_logprobs(loaded: Loaded, ids: list[int]) -> torch.Tensor:  # -> (T, vocab) float32, on the CPU
+    """Log-probabilities of the next token after each prefix of ``ids``, one forward pass (teacher-forced)."""
+    with torch.inference_mode():
+        logits = loaded.model(torch.tensor([ids], device=loaded.device)).logits[0]
+    return torch.log_softmax(logits.float(), -1).cpu()
+
+
+def prompt_logprobs(loaded: Loaded, ids: list[int]) -> torch.Tensor:  # -> (len(ids) - 1,)
+    """The log-probability of each token of ``ids`` after the ones before it (the first is not scored)."""
+    return token_logprobs(loaded, ids)[:-1].gather(1, torch.tensor(ids[1:])[:, None])[:, 0]
+
+
+def greedy_gaps(loaded: Loaded, ids: list[int], new: list[int]) -> torch.Tensor:  # -> (len(new),)
+    """How far each of ``new`` (another engine's greedy continuation of ``ids``) falls below this model's best.
+
+    ``max - chosen`` log-probability per step, teacher-forced on ``new``: zero where this model picks the same
+    token, small where two engines break a near-tie apart.
+    """
+    steps = token_logprobs(loaded, ids + new)[len(ids) - 1:len(ids) - 1 + len(new)]
+    return steps.max(-1).values - steps.gather(1, torch.tensor(new)[:, None])[:, 0]
