@@ -2,13 +2,23 @@
 
     python llm_script.py CKPT OUT.json [--dtype float32]
 
-Writes the greedy continuations and prompt log-probs of a fixed prompt set as JSON.
+Writes the greedy continuations and prompt log-probs of a fixed prompt set as JSON, and beside it
+(``OUT.layers.json``) each linear layer of the model vLLM built, with its quantization method's class
+and the activation rounding the plugin set on it.
 """
 
 import json
 import sys
 
 PROMPTS = ["The capital of France is", "Hello, my name is", "def fibonacci(n):", "1, 2, 3, 4,"]
+
+
+def linear_layers(model) -> list[dict]:
+    from vllm.model_executor.layers.linear import LinearBase
+
+    return [{"name": name, "method": type(m.quant_method).__name__, "act_int8": getattr(m, "trit_act_int8", None)}
+            for name, m in model.named_modules() if isinstance(m, LinearBase)]
+
 
 if __name__ == "__main__":  # vLLM spawns workers: the guard is required
     from vllm import LLM, SamplingParams
@@ -23,3 +33,5 @@ if __name__ == "__main__":  # vLLM spawns workers: the guard is required
                        "prompt_logprobs": logprobs})
     with open(out, "w") as f:
         json.dump(result, f)
+    with open(out + ".layers.json", "w") as f:
+        json.dump(llm.apply_model(linear_layers)[0], f)

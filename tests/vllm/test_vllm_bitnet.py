@@ -6,15 +6,21 @@ from pathlib import Path
 
 import pytest
 import torch
-from vllm_helpers import llm_outputs, logprob_diffs, runtime_greedy  # noqa: I001
+from vllm_helpers import llm_layers, llm_outputs, logprob_diffs  # noqa: I001
 
 from trit import runtime
 
-# Both engines quantize activations to int8 per token in float32; a value that lands on a rounding
-# boundary can round apart (different summation order upstream), which moves a log-prob by up to a
-# few 1e-2 (measured here: 0.014). Everywhere else they agree to float32 rounding (median below).
-LOGPROB_MAX_TOL = 0.1
-LOGPROB_MEDIAN_TOL = 1e-4
+# Both engines round activations to int8 per token in float32. Their float32 inputs to each layer differ
+# by summation order (vLLM's attention and norms against transformers'); a value on a rounding boundary
+# rounds apart, and every later position of that prompt then sees a slightly different key and value.
+# benchmarks/results/bitnet_flip_envelope_cpu.json measures that on this checkpoint, the runtime against
+# itself with its embeddings moved by 1e-7 to 1e-5 relative: prompt log-probs move by up to 0.107, the
+# median by up to 0.012, and a greedy token falls up to 0.065 below the best one. So these end-to-end
+# bounds sit above that noise; a model loaded wrong (other weights: 5.0 and 6.0 in the same file) is far
+# above them. An engine that skipped the int8 rounding would not be (0.090 and 0.033 there): the layer
+# listing below is what checks that vLLM rounds.
+LOGPROB_MAX_TOL = 0.25
+GREEDY_GAP_TOL = 0.15
 
 
 @pytest.fixture(scope="module")
@@ -29,19 +35,32 @@ def bitnet_trit(tmp_path_factory: pytest.TempPathFactory) -> Path:
 
 
 @pytest.fixture(scope="module")
-def vllm_outputs(bitnet_trit: Path, tmp_path_factory: pytest.TempPathFactory) -> list[dict]:
-    return llm_outputs(bitnet_trit, tmp_path_factory.mktemp("vllm-bitnet") / "out.json")
+def vllm_run(bitnet_trit: Path, tmp_path_factory: pytest.TempPathFactory) -> dict:
+    out = tmp_path_factory.mktemp("vllm-bitnet") / "out.json"
+    return {"records": llm_outputs(bitnet_trit, out), "layers": llm_layers(out)}
 
 
-def test_greedy_tokens_equal_the_runtime(vllm_outputs: list[dict], bitnet_trit: Path) -> None:
-    loaded = runtime.load(bitnet_trit, device="cpu", dtype=torch.float32)
+@pytest.fixture(scope="module")
+def loaded(bitnet_trit: Path):
+    return runtime.load(bitnet_trit, device="cpu", dtype=torch.float32)
+
+
+def test_every_decoder_linear_rounds_activations_to_int8(vllm_run: dict, bitnet_trit: Path) -> None:
+    import json
+
+    layers = [x for x in vllm_run["layers"] if ".layers." in x["name"]]
+    n_layers = json.loads((bitnet_trit / "config.json").read_text())["num_hidden_layers"]
+    assert {int(x["name"].split(".layers.")[1].split(".")[0]) for x in layers} == set(range(n_layers))
+    assert all(x["method"] == "TritLinearMethod" and x["act_int8"] is True for x in layers), layers
+
+
+def test_greedy_tokens_are_the_runtime_s_best(vllm_run: dict, loaded) -> None:
     assert type(loaded.model).__name__ == "BitNetForCausalLM"
-    for r in vllm_outputs:
-        assert r["greedy"] == runtime_greedy(loaded, r)
+    for r in vllm_run["records"]:
+        gaps = runtime.greedy_gaps(loaded, r["prompt_ids"], r["greedy"])
+        assert gaps.max().item() < GREEDY_GAP_TOL, gaps
 
 
-def test_prompt_logprobs_agree(vllm_outputs: list[dict], bitnet_trit: Path) -> None:
-    loaded = runtime.load(bitnet_trit, device="cpu", dtype=torch.float32)
-    d = torch.cat([logprob_diffs(loaded, r) for r in vllm_outputs])
+def test_prompt_logprobs_agree(vllm_run: dict, loaded) -> None:
+    d = torch.cat([logprob_diffs(loaded, r) for r in vllm_run["records"]])
     assert d.max().item() < LOGPROB_MAX_TOL
-    assert d.median().item() < LOGPROB_MEDIAN_TOL

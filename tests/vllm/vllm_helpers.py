@@ -35,6 +35,13 @@ def llm_outputs(ckpt: Path, out: Path) -> list[dict]:
     return json.loads(out.read_text())
 
 
+def llm_layers(out: Path) -> list[dict]:
+    """The linear layers ``llm_script.py`` listed from the model vLLM built (after :func:`llm_outputs` on ``out``)."""
+    import json
+
+    return json.loads(Path(str(out) + ".layers.json").read_text())
+
+
 def runtime_greedy(loaded, record: dict) -> list[int]:
     """The runtime's greedy continuation of one record's prompt, as long as vLLM's."""
     import torch
@@ -48,8 +55,7 @@ def logprob_diffs(loaded, record: dict):
     """``|runtime - vLLM|`` prompt log-probs of one record, per scored token (a 1-D tensor)."""
     import torch
 
-    ids = torch.tensor([record["prompt_ids"]])
-    with torch.inference_mode():
-        logp = torch.log_softmax(loaded.model(ids).logits[0].float(), -1)
-    ours = logp[:-1].gather(1, ids[0, 1:, None])[:, 0]
+    from trit import runtime
+
+    ours = runtime.prompt_logprobs(loaded, record["prompt_ids"])
     return (ours - torch.tensor(record["prompt_logprobs"][1:])).abs()
