@@ -6,6 +6,9 @@ under the CPU interpreter: relative error against the exact fp32 product, with u
 
 The folded kernel rounds each scale to bf16 (the decoded weight ``c * s`` must be exact in bf16), so it is compared
 with the exact product of those rounded scales; the shipped one with the exact product of its fp16 scales.
+The interpreter converts float to bf16 toward zero (the GPU rounds to nearest): the script measures that on a
+plain store (``interpreter_bf16``) and compares the folded kernel with both roundings of its scales
+(``reference_scales``: ``nearest``, as the GPU rounds them, and ``toward_zero``, as the interpreter does).
 """
 
 import argparse
@@ -14,10 +17,28 @@ import json
 import sys
 
 import torch
+import triton
+import triton.language as tl
 
 from trit.bench.kernels import ternary_layer
 from trit.kernels import skinny
 from trit.kernels.reference import dequantize
+
+
+@triton.jit
+def _to_bf16(x_ptr, y_ptr, N: tl.constexpr):
+    o = tl.arange(0, N)
+    tl.store(y_ptr + o, tl.load(x_ptr + o).to(tl.bfloat16))
+
+
+def interpreter_bf16_store(n: int = 4096) -> dict:
+    """How the running Triton converts float32 to bf16, against torch's round to nearest and toward zero."""
+    x = torch.randn(n, generator=torch.Generator().manual_seed(1))
+    y = torch.empty(n, dtype=torch.bfloat16)
+    _to_bf16[(1,)](x, y, n)
+    toward_zero = (x.view(torch.int32) & ~0xFFFF).view(torch.float32).to(torch.bfloat16)
+    return {"values": n, "equal_to_nearest": (y == x.to(torch.bfloat16)).sum().item(),
+            "equal_to_toward_zero": (y == toward_zero).sum().item()}
 
 
 def main() -> int:
@@ -35,14 +56,18 @@ def main() -> int:
     x = torch.randn(m, k, dtype=torch.bfloat16)
     rows = []
     for kind, sc in (("unit", torch.ones_like(scale)), ("random", scale)):
-        for name, mod, used in (("shipped", skinny, sc), ("fold", fold, sc.to(torch.bfloat16).half())):
+        toward_zero = (sc.float().view(torch.int32) & ~0xFFFF).view(torch.float32)
+        for name, mod, rounding, used in (("shipped", skinny, "none (fp16)", sc),
+                                          ("fold", fold, "nearest", sc.to(torch.bfloat16).half()),
+                                          ("fold", fold, "toward_zero", toward_zero.half())):
             y = mod.skinny(x, packed.view(torch.int32), sc, g, None, mod.SkinnyConfig(64, 64, 1, 4, 2, 1)).float()
             exact = x.float() @ dequantize(packed, used, g, k, torch.float32).T
             err = ((y - exact).norm() / exact.norm()).item()
-            rows.append({"scales": kind, "kernel": name, "relative_error": err})
-            print(kind, name, f"{err:.2e}")
+            rows.append({"scales": kind, "kernel": name, "reference_scales": rounding, "relative_error": err})
+            print(kind, name, rounding, f"{err:.2e}")
     with open(a.out, "w") as f:
-        json.dump({"command": sys.argv, "m": m, "n": n, "k": k, "group": g, "rows": rows}, f, indent=1)
+        json.dump({"command": sys.argv, "m": m, "n": n, "k": k, "group": g,
+                   "interpreter_bf16": interpreter_bf16_store(), "rows": rows}, f, indent=1)
     return 0
 
 
