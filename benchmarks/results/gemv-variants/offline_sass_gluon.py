@@ -8,7 +8,6 @@ Run it with triton 3.6 installed (the H200 machine's), as ``offline_sass.py`` sa
 """
 
 import argparse
-import importlib.util
 import json
 import os
 import sys
@@ -21,13 +20,7 @@ from triton.experimental.gluon._runtime import GluonASTSource
 HERE = Path(__file__).parent
 sys.path.insert(0, str(HERE.parents[1]))
 from offline_sass import COMMON, disassemble, loop_ops  # noqa: E402
-
-
-def load_variant(path: Path):
-    spec = importlib.util.spec_from_file_location("gluon_gemv", path)
-    mod = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(mod)
-    return mod
+from sweep import load  # noqa: E402  this folder's
 
 
 def compile_one(g, fields: list[int], m: int) -> dict:
@@ -59,7 +52,7 @@ def main() -> int:
     ap.add_argument("--out", type=Path)
     ap.add_argument("--file", type=Path, default=HERE / "gluon_gemv.py", help="a patched copy, e.g.")
     a = ap.parse_args()
-    g = load_variant(a.file)
+    g = load(a.file, "gluon_gemv")
     rows = [compile_one(g, [int(v) for v in c.split(",")], a.m) for c in a.configs]
     for r in rows:
         print(f"{r['config']}: {r['registers']} registers, loop {r['loop_instructions']} instructions, "

@@ -6,16 +6,13 @@ that the shipped GEMV tests check the variant against the reference:
         kernels/test_triton.py -k test_gemv
 """
 
-import importlib.util
 import os
-import sys
+
+from sweep import load  # this folder's
 
 from trit.kernels import gemv as _shipped
 
-_spec = importlib.util.spec_from_file_location("gemv_variant", os.environ["GEMV_VARIANT"])
-variant = importlib.util.module_from_spec(_spec)
-sys.modules["gemv_variant"] = variant
-_spec.loader.exec_module(variant)
+variant = load(os.environ["GEMV_VARIANT"], "gemv_variant")
 _gemv = _shipped.gemv
 
 

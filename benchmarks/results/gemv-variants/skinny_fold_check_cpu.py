@@ -12,13 +12,13 @@ plain store (``interpreter_bf16``) and compares the folded kernel with both roun
 """
 
 import argparse
-import importlib.util
 import json
 import sys
 
 import torch
 import triton
 import triton.language as tl
+from sweep import load  # this folder's
 
 from trit.bench.kernels import ternary_layer
 from trit.kernels import skinny
@@ -46,10 +46,7 @@ def main() -> int:
     ap.add_argument("variant")
     ap.add_argument("--out", required=True)
     a = ap.parse_args()
-    spec = importlib.util.spec_from_file_location("skinny_fold", a.variant)
-    fold = importlib.util.module_from_spec(spec)
-    sys.modules["skinny_fold"] = fold  # dataclasses look their module up
-    spec.loader.exec_module(fold)
+    fold = load(a.variant, "skinny_fold")
     torch.manual_seed(0)
     m, n, k, g = 16, 64, 512, 64
     packed, scale = ternary_layer(n, k, g, device="cpu")
