@@ -26,6 +26,7 @@ with another seed (``other_weights``).
 from __future__ import annotations
 
 import argparse
+import copy
 import importlib.util
 import json
 import sys
@@ -63,7 +64,8 @@ def main(argv: list[str] | None = None) -> int:
             import_bitnet(src, Path(tmp) / "trit", progress=False, log=lambda s: None)
             return runtime.load(Path(tmp) / "trit", device="cpu", dtype=torch.float32)
 
-    loaded, twin = build(0), build(0)  # the reference, and the copy that is perturbed or broken
+    loaded = build(0)
+    twin = copy.deepcopy(loaded)  # the copy that is perturbed or broken
     ids = [loaded.tokenizer(p).input_ids for p in prompts()]
     base = [runtime.prompt_logprobs(loaded, i) for i in ids]
 
