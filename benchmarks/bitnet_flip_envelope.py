@@ -54,7 +54,7 @@ def main(argv: list[str] | None = None) -> int:
     args = ap.parse_args(argv)
 
     from trit import runtime
-    from trit.bitnet import import_bitnet
+    from trit.import_bitnet import import_bitnet
     from trit.synthetic import make_bitnet_checkpoint
 
     def build(seed: int):

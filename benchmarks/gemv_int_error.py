@@ -29,7 +29,7 @@ sys.path.insert(0, str(REPO / "tests" / "kernels"))
 
 from test_gemv_ptx import word_sums  # noqa: E402
 
-from trit.kernels import gemv  # noqa: E402
+from trit.kernels.triton import gemv  # noqa: E402
 
 MAGNITUDES = (1e-4, 1e-2, 1.0, 1e2, 1e4)
 K_WORDS = 256  # K = 4096

@@ -39,7 +39,7 @@ def _problem(kernel: str, fields: list[int], m: int):
     """(jit function, signature, constexprs, divisible args, options, a thread's share of a loop trip, its unit):
     a GEMV thread's share is counted in words of 16 weights, a skinny thread's in weights."""
     if kernel == "gemv":
-        from trit.kernels import gemv
+        from trit.kernels.triton import gemv
 
         cfg = gemv.GemvConfig(*fields)
         sig = dict(COMMON, M="i32", N="i32", KW="i32", G="i32", stride_xm="i32", one_bits="i32")
@@ -49,7 +49,7 @@ def _problem(kernel: str, fields: list[int], m: int):
         opts = {"num_warps": cfg.num_warps}
         per_trip = cfg.block_n * cfg.block_kw // (32 * cfg.num_warps)
         return gemv._gemv_kernel, sig, consts, div, opts, per_trip, "word"
-    from trit.kernels import skinny
+    from trit.kernels.triton import skinny
 
     cfg = skinny.SkinnyConfig(*fields)
     sig = dict(COMMON, M="i32", N="i32", K="i32", KW="i32", G="i32", stride_xm="i32")

@@ -1,19 +1,28 @@
-"""Markdown tables for the README, made from the committed result files (never typed by hand).
+"""Markdown tables for the README and docs/, made from the committed result files (never typed by hand).
 
     python benchmarks/tables.py kernels   # from benchmarks/results/kernels.json
     python benchmarks/tables.py vllm      # from benchmarks/results/vllm_*.json
     python benchmarks/tables.py a8        # from benchmarks/results/a8.json
-    python benchmarks/tables.py ptq       # from benchmarks/results/ptq_smollm2_h200.json
+    python benchmarks/tables.py ptq       # from benchmarks/results/ptq_smollm2_*.json (every run)
+    python benchmarks/tables.py quality   # the headline rows of those files
+    python benchmarks/tables.py speedups  # kernels.json summed per model and M
+    python benchmarks/tables.py serving   # the headline rows of benchmarks/results/decode/vllm*.json
     python benchmarks/tables.py decode    # from benchmarks/results/decode/*.json
     python benchmarks/tables.py decode-plots  # the PNGs beside them (needs matplotlib)
+    python benchmarks/tables.py --write   # every marked block of README.md and docs/*.md, in place
+
+A marked block is ``<!-- table:NAME -->`` ... ``<!-- /table:NAME -->``; ``--write`` replaces what lies between
+with the output of ``NAME``.
 """
 
 from __future__ import annotations
 
 import json
+import re
 import sys
 from pathlib import Path
 
+ROOT = Path(__file__).resolve().parents[1]
 RESULTS = Path(__file__).parent / "results"
 SRC = Path(__file__).resolve().parents[1] / "src"  # the decode tables use trit's own plan and plot
 
@@ -43,6 +52,45 @@ def kernels() -> str:
     lines += ["", f"Best M=1 bandwidth: {best['trit_gbps']:.0f} GB/s ({best['model']} {best['layer']}), "
               f"{best['trit_gbps'] / copy:.0%} of the {copy:.0f} GB/s device-to-device copy measured in the run; "
               f"bf16 cuBLAS reached {bf16:.0f} GB/s ({bf16 / copy:.0%})."]
+    return "\n".join(lines)
+
+
+def speedups() -> str:
+    """bf16 time over trit time, summed over each model's four layer shapes, per M."""
+    d = json.loads((RESULTS / "kernels.json").read_text())
+    ms = sorted({r["m"] for r in d["rows"]})
+    models = list(dict.fromkeys(r["model"] for r in d["rows"]))
+    lines = ["| model (summed over its layers) | " + " | ".join(f"M={m}" for m in ms) + " |", "|---|" + "---|" * len(ms)]
+    for model in models:
+        lines.append(f"| {model} | " + " | ".join(f"x{d['summed_speedup_vs_bf16'][f'{model} M={m}']:.2f}" for m in ms)
+                     + " |")
+    lines += ["", f"bf16 cuBLAS time / trit time, {d['device']}, CUDA graphs, weights rotated past the L2 "
+              "(`benchmarks/results/kernels.json`)."]
+    return "\n".join(lines)
+
+
+# the headline quality rows: (label, file, variant or None for the file's healed row)
+QUALITY = (
+    ("bf16", "ptq_smollm2_h200.json", "bf16"),
+    ("naive rounding (absmean, BitNet's rule)", "ptq_smollm2_h200.json", "absmean-g64"),
+    ("GPTQ, one plane (`trit quantize --method gptq`)", "ptq_smollm2_calib128_3passes_h200.json",
+     "gptq-g64-float-target-3passes"),
+    ("GPTQ, two planes (`--planes 2`)", "ptq_smollm2_h200.json", "gptq-2planes-g64"),
+    ("healed, data-free (`trit heal`)", "ptq_smollm2_heal_datafree_h200.json", None),
+    ("healed on text + sampled (`--data --mix-sampled`)", "ptq_smollm2_heal_mix_h200.json", None),
+)
+
+
+def quality() -> str:
+    bf16 = next(r for r in json.loads((RESULTS / "ptq_smollm2_h200.json").read_text())["rows"] if r["variant"] == "bf16")
+    lines = ["| SmolLM2-135M-Instruct | WikiText-2 perplexity | x bf16 | bits a weight | file |", "|---|---|---|---|---|"]
+    for label, name, variant in QUALITY:
+        rows = json.loads((RESULTS / name).read_text())["rows"]
+        r = next(r for r in rows if r["variant"] == (variant or "healed"))
+        lines.append(f"| {label} | {r['perplexity']:.4g} | {r['perplexity'] / bf16['perplexity']:.3g} | "
+                     f"{r['bits_per_weight']:.2f} | `{name}` |")
+    lines += ["", "First 16 windows of 512 tokens of the WikiText-2 test set; calibration and heal text never overlap "
+              "them; one H200 (each file holds its command)."]
     return "\n".join(lines)
 
 
@@ -181,6 +229,23 @@ def _speed_table(runs: dict[tuple, dict], with_ttft: bool) -> list[str]:
     return lines
 
 
+def serving() -> str:
+    """The headline: Llama-3-8B and Qwen2-1.5B shapes in vLLM, bf16 against trit, by batch."""
+    runs = _decode_runs("vllm")
+    lines = ["| vLLM 0.25.1, H200 | batch | decode tok/s bf16 | trit | trit / bf16 | peak GiB bf16 / trit |",
+             "|---|---|---|---|---|---|"]
+    for (model, weights, batch, max_len), t in runs.items():
+        b = runs.get((model, "bf16", batch, max_len))
+        if weights != "trit" or b is None or max_len != 768 or model == "27b":
+            continue
+        lines.append(f"| {model} | {batch} | {b['decode_tokens_per_s']:.0f} | {t['decode_tokens_per_s']:.0f} | "
+                     f"x{t['decode_tokens_per_s'] / b['decode_tokens_per_s']:.2f} | {b['peak_bytes'] / GiB:.1f} / "
+                     f"{t['peak_bytes'] / GiB:.1f} |")
+    lines += ["", "`trit bench decode --engines vllm` (random weights, 512-token prompts, 256 new tokens, CUDA graphs; "
+              "`benchmarks/results/decode/vllm*.json`)."]
+    return "\n".join(lines)
+
+
 def decode() -> str:
     sys.path.insert(0, str(SRC))
     from trit.bench.decode import plan_for
@@ -258,6 +323,22 @@ def decode_plots() -> str:
     return "wrote " + ", ".join(str(p) for p in sorted(DECODE.glob("decode_*.png")))
 
 
+TABLES = {"kernels": kernels, "speedups": speedups, "serving": serving, "vllm": vllm, "a8": a8, "ptq": ptq, "quality": quality,
+          "decode": decode, "decode-plots": decode_plots}
+_BLOCK = re.compile(r"(<!-- table:([\w-]+) -->\n)(.*?)(<!-- /table:\2 -->)", re.S)
+
+
+def write() -> str:
+    """Refresh every marked block of README.md and docs/*.md from the result files."""
+    done = []
+    for path in [ROOT / "README.md", *sorted((ROOT / "docs").glob("*.md"))]:
+        text = path.read_text()
+        new = _BLOCK.sub(lambda m: f"{m.group(1)}{TABLES[m.group(2)]()}\n{m.group(4)}", text)
+        if new != text:
+            path.write_text(new)
+        done += [f"{path.relative_to(ROOT)}: {name}" for name in dict.fromkeys(m.group(2) for m in _BLOCK.finditer(text))]
+    return "\n".join(done)
+
+
 if __name__ == "__main__":
-    print({"kernels": kernels, "vllm": vllm, "a8": a8, "ptq": ptq, "decode": decode,
-           "decode-plots": decode_plots}[sys.argv[1]]())
+    print(write() if sys.argv[1] == "--write" else TABLES[sys.argv[1]]())

@@ -59,7 +59,7 @@ def main() -> int:
     ckpt = work / "trit"
     prompts_text = PROMPTS
     if args.mode == "bitnet":
-        from trit.bitnet import import_bitnet
+        from trit.import_bitnet import import_bitnet
 
         import_bitnet(make_bitnet_checkpoint(work / "bitnet", **shape), ckpt, progress=False)
         what = "random BitNet b1.58 (bitlinear, offline), hidden 1024, 4 layers, imported: int8 activations"

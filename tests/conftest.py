@@ -84,6 +84,26 @@ def seeded_layer(n: int, k: int, group: int, seed: int = 0) -> tuple[torch.Tenso
     return fmt.pack(values), (torch.rand(n, groups, generator=g) * 0.02 + 0.005).half()
 
 
+def make_layer(n: int, k: int, group: int, seed: int = 0, scale_dtype=torch.float16):
+    """Random ternary layer in the file layout, padded as the converter pads (zero weights): values, packed, scales."""
+    from trit import format as fmt
+
+    g = torch.Generator().manual_seed(seed)
+    k_pad = fmt.padded_k(k, group)
+    values = torch.randint(-1, 2, (n, k_pad), generator=g, dtype=torch.int8)
+    values[:, k:] = 0
+    groups = fmt.num_groups(group, k_pad)
+    scale = (torch.rand(n, groups, generator=g) * 0.05 + 0.01).to(scale_dtype)
+    return values, fmt.pack(values), scale
+
+
+def dense_weight(values: torch.Tensor, scale: torch.Tensor, k: int) -> torch.Tensor:  # (N, k) float64
+    """The layer's weight in float64, computed independently of trit.format (the tests' oracle)."""
+    n, k_pad = values.shape
+    per = k_pad // scale.shape[1]
+    return (values.double().view(n, scale.shape[1], per) * scale.double()[:, :, None]).view(n, k_pad)[:, :k]
+
+
 def trit_mlp(k: int, n: int, group: int, dtype: torch.dtype, device: str = "cpu") -> torch.nn.Sequential:
     """``TritLinear(k -> n)``, SiLU, ``TritLinear(n -> k)``, seeded layers and random biases: for compile tests."""
     from trit.nn import TritLinear

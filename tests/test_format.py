@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import pytest
 import torch
+from conftest import dense_weight, make_layer
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
@@ -128,3 +129,10 @@ def test_planes_in_the_config() -> None:
         fmt.TritConfig.from_dict({"quant_method": "trit", "format_version": 1, "group_size": 64, "planes": 3})
     assert fmt.plane_suffixes(2) == [("weight_packed", "weight_scale"), ("weight_packed_2", "weight_scale_2")]
     assert fmt.layer_names(["a.weight_packed_2", "b.weight_scale", "c.weight"]) == ["a", "b"]
+
+
+@pytest.mark.parametrize(("n", "k", "group"), [(8, 64, 32), (5, 576, 64), (7, 576, 128), (3, 20, -1), (4, 100, 12)])
+def test_dequantize_is_the_format(n: int, k: int, group: int) -> None:
+    values, packed, scale = make_layer(n, k, group)
+    w = fmt.dequantize(packed, scale, k, torch.float64)
+    torch.testing.assert_close(w, dense_weight(values, scale, k), rtol=0, atol=0)

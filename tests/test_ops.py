@@ -34,7 +34,7 @@ def test_gradients_flow_to_activations_and_bias() -> None:
     x = torch.randn(5, 96, requires_grad=True)
     b = torch.randn(40, requires_grad=True)
     torch.ops.trit.linear(x, packed, scale, 32, b).square().sum().backward()
-    w = reference.dequantize(packed, scale, 32, 96)
+    w = fmt.dequantize(packed, scale, 96)
     x2, b2 = x.detach().clone().requires_grad_(), b.detach().clone().requires_grad_()
     torch.nn.functional.linear(x2, w, b2).square().sum().backward()
     torch.testing.assert_close(x.grad, x2.grad, rtol=1e-4, atol=1e-4)
@@ -96,3 +96,14 @@ def test_warm_up_of_a_model_calls_the_real_op_on_every_plane() -> None:
     # its first's shape, so it compiles nothing new
     assert warm_up(model, torch.float32) == 4 * len(ops.WARM_UP_MS)
     assert warm_up(model, torch.float32) == 0
+
+
+def test_custom_op_passes_opcheck() -> None:
+    packed, scale = seeded_layer(24, 64, 32)
+    x = torch.randn(2, 3, 64)
+    bias = torch.randn(24)
+    torch.library.opcheck(torch.ops.trit.linear.default, (x, packed, scale, 32, bias))
+    torch.library.opcheck(torch.ops.trit.linear.default, (x, packed, scale, 32, None))
+    y = torch.ops.trit.linear(x, packed, scale, 32, bias)
+    assert y.shape == (2, 3, 24)
+    torch.testing.assert_close(y, reference.linear(x, packed, scale, 32, bias), rtol=1e-5, atol=1e-5)

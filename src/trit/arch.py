@@ -6,20 +6,27 @@ squared-ReLU MLP) share one set of linear layer names:
 ``model.layers.{i}.self_attn.{q,k,v,o}_proj`` and
 ``model.layers.{i}.mlp.{gate,up,down}_proj``. Those seven linear layers per
 decoder layer are what trit makes ternary; embeddings, norms and ``lm_head``
-stay in high precision.
+stay in high precision. :func:`linear_shapes` gives their sizes from
+config.json alone; :func:`meta_model` builds the whole transformers model on
+the meta device (sizes, no memory) for the commands that need every tensor's
+name.
 """
 
 from __future__ import annotations
 
 import re
+from pathlib import Path
 from typing import Any
 
-from trit.checkpoint import CheckpointError
+import torch
+from torch import nn
+
+from trit import format as fmt
+from trit.checkpoint import Checkpoint, CheckpointError
 
 SUPPORTED_MODEL_TYPES = ("llama", "mistral", "qwen2", "qwen3", "bitnet")
 
 _DECODER_LINEAR = re.compile(r"^model\.layers\.\d+\.(self_attn\.[qkvo]_proj|mlp\.(gate|up|down)_proj)$")
-_LAYER_INDEX = re.compile(r"^model\.layers\.(\d+)\.")
 
 
 def check_architecture(config: dict[str, Any], where: str) -> str:
@@ -40,6 +47,48 @@ def is_decoder_linear(module: str) -> bool:
     return bool(_DECODER_LINEAR.match(module))
 
 
-def layer_index(module: str) -> int | None:
-    m = _LAYER_INDEX.match(module)
-    return int(m.group(1)) if m else None
+def linear_shapes(config: dict[str, Any]) -> dict[str, tuple[int, int]]:
+    """``(out_features, in_features)`` of every decoder linear layer, from a Llama-family config.json."""
+    c = config.get("text_config", config)
+    hidden, heads = c["hidden_size"], c["num_attention_heads"]
+    kv_heads = c.get("num_key_value_heads") or heads
+    head_dim = c.get("head_dim") or hidden // heads
+    inter = c["intermediate_size"]
+    per_layer = {
+        "self_attn.q_proj": (heads * head_dim, hidden), "self_attn.k_proj": (kv_heads * head_dim, hidden),
+        "self_attn.v_proj": (kv_heads * head_dim, hidden), "self_attn.o_proj": (hidden, heads * head_dim),
+        "mlp.gate_proj": (inter, hidden), "mlp.up_proj": (inter, hidden), "mlp.down_proj": (hidden, inter),
+    }
+    return {f"model.layers.{i}.{name}": shape for i in range(c["num_hidden_layers"]) for name, shape in per_layer.items()}
+
+
+def meta_model(ckpt: Checkpoint | Path, dtype: torch.dtype | None = None) -> nn.Module:
+    """The checkpoint's (or config folder's) transformers model built on the meta device: sizes, no memory."""
+    from transformers import AutoConfig
+
+    hf_config = AutoConfig.from_pretrained(ckpt.path if isinstance(ckpt, Checkpoint) else ckpt)
+    hf_config.quantization_config = None  # trit's layers are swapped in by hand, not by a transformers quantizer
+    return meta_model_from_config(hf_config, dtype)
+
+
+def meta_model_from_config(hf_config: Any, dtype: torch.dtype | None = None) -> nn.Module:
+    """A transformers config's causal LM on the meta device."""
+    from transformers import AutoModelForCausalLM
+
+    with torch.device("meta"):
+        return AutoModelForCausalLM.from_config(hf_config, **({"dtype": dtype} if dtype else {}))
+
+
+def materialize_buffers(model: nn.Module, device: torch.device) -> None:
+    """Rebuild modules whose computed (non-persistent) buffers are still on the meta device (rotary tables)."""
+    for name, mod in list(model.named_modules()):
+        if not any(b.is_meta for b in mod.buffers(recurse=False)):
+            continue
+        if not hasattr(mod, "config"):
+            raise RuntimeError(f"{name}: buffer left on the meta device and no config to rebuild it from")
+        parent_name, _, child = name.rpartition(".")
+        parent = model.get_submodule(parent_name) if parent_name else model
+        setattr(parent, child, type(mod)(mod.config).to(device))
+    left = [n for n, t in [*model.named_parameters(), *model.named_buffers()] if t.is_meta]
+    if left:
+        raise fmt.FormatError(left[0], "a tensor in the checkpoint", "none")

@@ -36,6 +36,7 @@ from torch import nn
 from tqdm.auto import tqdm
 
 from trit import format as fmt
+from trit.arch import meta_model
 from trit.checkpoint import Checkpoint, CheckpointError
 from trit.quant.gptq import GptqOptions, dequantize_planes, float_target_weight, gptq_ternary, hessian
 
@@ -123,8 +124,6 @@ def gptq_model(
     progress: bool = True,
 ) -> dict[str, tuple[torch.Tensor, torch.Tensor]]:
     """GPTQ every module in ``quantized``: ``{module: (codes (P, N, K_pad) int8, scales (P, N, G) f32)}``."""
-    from trit.runtime import meta_model
-
     ids = calibration_ids(ckpt, calib, device, progress)  # (S, T)
     model = meta_model(ckpt, torch.float32)
     results: dict[str, tuple[torch.Tensor, torch.Tensor]] = {}

@@ -1,4 +1,4 @@
-"""Reading Hugging Face checkpoints (float or trit) from disk, lazily and with clear errors.
+"""Hugging Face checkpoints (float or trit) on disk: read lazily, written atomically, with clear errors.
 
 A checkpoint is a folder with ``config.json`` and safetensors weights: one
 ``model.safetensors``, or shards listed by ``model.safetensors.index.json``.
@@ -7,26 +7,49 @@ parses, every shard's header is whole and its data as long as the header says
 (the safetensors layout: an 8-byte little-endian header length, a JSON header of
 ``name -> {dtype, shape, data_offsets}``, then the data). Tensors are then read
 one at a time through ``safe_open`` (memory-mapped), never the whole model.
+
+Writing goes through :func:`atomic_folder`: everything is written into a
+temporary folder beside the output and renamed into place at the very end, so
+an error or Ctrl-C leaves nothing behind (no half-written checkpoint, no
+folder created for it). :func:`write_checkpoint` writes a checkpoint
+transformed tensor by tensor, one output shard per input shard, that way.
 """
 
 from __future__ import annotations
 
 import json
+import os
+import shutil
 import struct
-from collections.abc import Iterator
-from contextlib import ExitStack
+from collections.abc import Callable, Iterator
+from contextlib import ExitStack, contextmanager
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 import torch
 from safetensors import safe_open
+from tqdm.auto import tqdm
 
-from trit.errors import TritError
+from trit import format as fmt
+from trit.errors import ConvertError, TritError
 
 CONFIG_FILE = "config.json"
 SINGLE_FILE = "model.safetensors"
 INDEX_FILE = "model.safetensors.index.json"
+# small files a checkpoint folder carries besides weights, copied as they are
+COPIED_FILES = (
+    "tokenizer.json",
+    "tokenizer_config.json",
+    "tokenizer.model",
+    "special_tokens_map.json",
+    "added_tokens.json",
+    "vocab.json",
+    "merges.txt",
+    "chat_template.jinja",
+    "chat_template.json",
+    "generation_config.json",
+)
 
 
 class CheckpointError(TritError, ValueError):
@@ -70,8 +93,12 @@ class Checkpoint:
     def quantization_config(self) -> dict[str, Any] | None:
         return self.config.get("quantization_config")
 
-    def shard_tensors(self, shard: Path) -> list[str]:
-        return [name for name, info in self.tensors.items() if info.shard == shard]
+    def trit_config(self) -> fmt.TritConfig | None:
+        """The checked trit ``quantization_config``; None for a float checkpoint."""
+        q = self.quantization_config
+        if q is None:
+            return None
+        return fmt.TritConfig.from_dict(q, where=f"{self.path / CONFIG_FILE}: quantization_config")
 
     def iter_shard(self, shard: Path, device: str = "cpu") -> Iterator[tuple[str, torch.Tensor]]:
         """Yield ``(name, tensor)`` of one shard, one tensor at a time."""
@@ -168,3 +195,101 @@ def open_checkpoint(folder: str | Path) -> Checkpoint:
                 raise CheckpointError(shard, f"tensor {name!r} also stands in {tensors[name].shard.name}")
             tensors[name] = info
     return Checkpoint(folder, config, shards, tensors)
+
+
+# ---------------------------------------------------------------------------- writing
+
+
+def check_paths(src: Path, out: Path, overwrite: bool) -> None:
+    """Refuse an output folder that is, holds or lies in the source, or that holds something without ``overwrite``."""
+    src_r, out_r = src.resolve(), out.resolve()
+    if src_r == out_r:
+        raise ConvertError(f"OUT_DIR {out} is MODEL_DIR: write the ternary checkpoint to another folder")
+    if src_r in out_r.parents:
+        raise ConvertError(f"OUT_DIR {out} lies inside MODEL_DIR {src}: the source folder is never written to")
+    if out_r in src_r.parents:
+        raise ConvertError(f"OUT_DIR {out} holds MODEL_DIR {src}: replacing it would delete the source")
+    if out.exists() and not out.is_dir():
+        raise ConvertError(f"OUT_DIR {out} exists and is not a folder")
+    if out.is_dir() and any(out.iterdir()) and not overwrite:
+        raise ConvertError(f"OUT_DIR {out} is not empty; pass --overwrite to replace it")
+
+
+@contextmanager
+def atomic_folder(out: Path) -> Iterator[Path]:
+    """Yield an empty temporary folder beside ``out``; at the end it replaces ``out`` whole.
+
+    On any error (or Ctrl-C) the temporary folder, and every parent folder made for it, are removed,
+    and ``out`` is as it was. An existing ``out`` goes only once the new one is complete.
+    """
+    made = [p for p in reversed(out.parents) if not p.exists()]  # outermost first
+    out.parent.mkdir(parents=True, exist_ok=True)
+    tmp = out.parent / f".{out.name}.partial-{os.getpid()}"
+    shutil.rmtree(tmp, ignore_errors=True)
+    try:
+        tmp.mkdir()
+        yield tmp
+        _replace(tmp, out)
+    except BaseException:
+        shutil.rmtree(tmp, ignore_errors=True)
+        for parent in reversed(made):
+            try:
+                parent.rmdir()
+            except OSError:  # not empty: something else wrote there meanwhile
+                break
+        raise
+
+
+def _replace(tmp: Path, out: Path) -> None:
+    """Move the finished folder into place; an existing ``out`` is removed only after."""
+    if out.exists():
+        old = out.parent / f".{out.name}.old-{os.getpid()}"
+        out.rename(old)
+        tmp.rename(out)
+        shutil.rmtree(old, ignore_errors=True)
+    else:
+        tmp.rename(out)
+
+
+TensorFn = Callable[[str, torch.Tensor], dict[str, torch.Tensor]]
+
+
+def check_finite(name: str, t: torch.Tensor, shard: Path) -> None:
+    if t.is_floating_point() and not torch.isfinite(t).all():
+        bad = int((~torch.isfinite(t)).sum())
+        raise CheckpointError(shard, f"tensor {name!r} holds {bad} NaN or Inf values")
+
+
+def _write_shards(ckpt: Checkpoint, folder: Path, transform: TensorFn, progress: bool, desc: str) -> None:
+    """One output shard per input shard; ``transform`` maps each input tensor to its output tensors."""
+    from safetensors.torch import save_file
+
+    n_shards = len(ckpt.shards)
+    weight_map: dict[str, str] = {}
+    with tqdm(total=len(ckpt.tensors), desc=desc, unit="tensor", disable=not progress) as bar:
+        for i, shard in enumerate(ckpt.shards):
+            out_name = SINGLE_FILE if n_shards == 1 else f"model-{i + 1:05d}-of-{n_shards:05d}.safetensors"
+            out: dict[str, torch.Tensor] = {}
+            for name, tensor in ckpt.iter_shard(shard):
+                check_finite(name, tensor, shard)
+                bar.set_postfix_str(name.rsplit(".", 1)[0], refresh=False)
+                out.update(transform(name, tensor))
+                bar.update(1)
+            save_file(out, str(folder / out_name), metadata={"format": "pt"})
+            weight_map.update(dict.fromkeys(out, out_name))
+            del out
+    if n_shards > 1:
+        index = {"metadata": {}, "weight_map": dict(sorted(weight_map.items()))}
+        (folder / INDEX_FILE).write_text(json.dumps(index, indent=2) + "\n")
+
+
+def write_checkpoint(
+    ckpt: Checkpoint, out: Path, transform: TensorFn, config: dict, progress: bool = True, desc: str = "quantize"
+) -> None:
+    """Write ``ckpt`` transformed tensor by tensor, with ``config`` and the tokenizer files, to ``out`` (atomically)."""
+    with atomic_folder(out) as tmp:
+        _write_shards(ckpt, tmp, transform, progress, desc)
+        (tmp / CONFIG_FILE).write_text(json.dumps(config, indent=2) + "\n")
+        for name in COPIED_FILES:
+            if (ckpt.path / name).is_file():
+                shutil.copy2(ckpt.path / name, tmp / name)

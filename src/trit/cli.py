@@ -32,7 +32,7 @@ def quantize(model_dir: Path, out_dir: Path, opts: ConvertOptions, quiet: bool =
 
 
 def import_checkpoint(model_dir: Path, out_dir: Path, overwrite: bool, quiet: bool = False) -> int:
-    from trit.bitnet import import_bitnet
+    from trit.import_bitnet import import_bitnet
 
     report = import_bitnet(model_dir, out_dir, overwrite=overwrite, progress=not quiet)
     print(report.summary())
@@ -102,7 +102,7 @@ def _parser() -> argparse.ArgumentParser:
     q.add_argument("model_dir", type=Path)
     q.add_argument("out_dir", type=Path)
     q.add_argument("--method", choices=[m.value for m in Method], default=Method.ABSMEAN.value)
-    q.add_argument("--group-size", type=int, default=64, help="inputs per scale; -1: one scale per row")
+    q.add_argument("--group-size", type=int, default=ConvertOptions.group_size, help="inputs per scale; -1: one scale per row")
     q.add_argument("--keep", default="", help="comma-separated modules (globs allowed) kept in high precision")
     q.add_argument("--pad", choices=[x.value for x in fmt.PadPolicy], default=fmt.PadPolicy.PAD.value,
                    help="layers whose K is not a multiple of the group: pad with zeros, or keep in high precision")
@@ -115,7 +115,7 @@ def _parser() -> argparse.ArgumentParser:
     q.add_argument("--calib-seq-len", type=int, default=512, help="gptq: tokens per window")
     q.add_argument("--act-order", action=argparse.BooleanOptionalAction, default=ConvertOptions.act_order,
                    help="gptq: columns by decreasing Hessian diagonal")
-    q.add_argument("--damp", type=float, default=0.01, help="gptq: damping, a fraction of mean(diag(H))")
+    q.add_argument("--damp", type=float, default=ConvertOptions.damp, help="gptq: damping, a fraction of mean(diag(H))")
     q.add_argument("--passes", type=int, default=ConvertOptions.passes,
                    help="gptq: rounding passes; each later pass rounds again onto the scales the one before "
                         "refitted (each costs one more GPTQ solve a layer, no more forward passes)")
@@ -209,7 +209,8 @@ def _parser() -> argparse.ArgumentParser:
     pl.add_argument("--max-seq-len", type=int, default=8192)
     pl.add_argument("--batch", type=int, default=1)
     pl.add_argument("--kv-cache-dtype", default="auto", help="auto (the model dtype), fp8, float16, bfloat16")
-    pl.add_argument("--group-size", type=int, default=64, help="for a float config: the group trit would use")
+    pl.add_argument("--group-size", type=int, default=fmt.DEFAULT_GROUP_SIZE,
+                    help="for a float config: the group trit would use")
     pl.add_argument("--overhead", default="1.5GiB", help="CUDA context, workspaces and graphs (an assumption)")
 
     d = sub.add_parser("demo", help="SmolLM2-135M: quantize, generate side by side, perplexity, size, speed")
@@ -266,7 +267,7 @@ def _dispatch(args: argparse.Namespace) -> int:
     if args.command == "audit":
         return audit(args.ckpt)
     if args.command == "plan":
-        from trit.plan import PlanOptions, parse_size, plan
+        from trit.eval.plan import PlanOptions, parse_size, plan
 
         opts = PlanOptions(parse_size(args.gpu_mem), args.max_seq_len, args.batch, args.kv_cache_dtype,
                            group_size=args.group_size, overhead=parse_size(args.overhead, "--overhead"))

@@ -3,58 +3,44 @@
 Reads the source lazily, shard by shard and tensor by tensor (memory-mapped
 safetensors), quantizes the decoder's linear layers with a method from
 :mod:`trit.quant` and writes one output shard per input shard, so peak memory
-is about one output shard plus one layer. Everything is written into a
-temporary folder beside ``OUT_DIR`` and renamed into place at the very end: an
-error or Ctrl-C leaves nothing behind, and the source is never written to.
+is about one output shard plus one layer. The writing is
+:func:`trit.checkpoint.write_checkpoint`'s: atomic, so an error or Ctrl-C
+leaves nothing behind, and the source is never written to.
 """
 
 from __future__ import annotations
 
 import fnmatch
-import json
-import os
-import shutil
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 
 import torch
-from safetensors.torch import save_file
-from tqdm.auto import tqdm
 
 from trit import format as fmt
 from trit.arch import check_architecture, is_decoder_linear
 from trit.calibrate import CalibOptions
-from trit.checkpoint import CONFIG_FILE, INDEX_FILE, SINGLE_FILE, Checkpoint, CheckpointError, open_checkpoint
-from trit.errors import TritError
+from trit.checkpoint import (
+    CONFIG_FILE,
+    Checkpoint,
+    CheckpointError,
+    check_paths,
+    open_checkpoint,
+    write_checkpoint,
+)
+from trit.errors import ConvertError
 from trit.quant import Method, quantize
+from trit.quant.gptq import GptqOptions
 from trit.quant.planes import quantize_planes
 
-# small files a checkpoint folder carries besides weights, copied as they are
-COPIED_FILES = (
-    "tokenizer.json",
-    "tokenizer_config.json",
-    "tokenizer.model",
-    "special_tokens_map.json",
-    "added_tokens.json",
-    "vocab.json",
-    "merges.txt",
-    "chat_template.jinja",
-    "chat_template.json",
-    "generation_config.json",
-)
 ALWAYS_KEPT = ("model.embed_tokens", "lm_head")
-
-
-class ConvertError(TritError, ValueError):
-    """A conversion that cannot go ahead; nothing was written."""
 
 
 @dataclass(frozen=True)
 class ConvertOptions:
     method: Method = Method.ABSMEAN
-    group_size: int = 64
+    group_size: int = fmt.DEFAULT_GROUP_SIZE
     keep: tuple[str, ...] = ()  # module names or glob patterns kept in high precision
     pad_policy: fmt.PadPolicy = fmt.PadPolicy.PAD
     scale_dtype: fmt.ScaleDtype = fmt.ScaleDtype.FLOAT16
@@ -62,12 +48,15 @@ class ConvertOptions:
     device: str = "cpu"  # where the quantizer runs
     planes: int = 1  # ternary planes per layer (2: trit-planes, about 4 bits a weight)
     calib: CalibOptions = CalibOptions()  # gptq: calibration data
-    act_order: bool = True  # gptq: columns in order of decreasing Hessian diagonal (every measured recipe used it)
-    damp: float = 0.01  # gptq: diagonal damping, a fraction of mean(diag(H))
-    passes: int = 3  # gptq: rounding passes, each later one onto the scales the one before refitted
-    # gptq: aim each layer at the float model's outputs (two calibration streams); None: for one plane only,
-    # where it measured better (benchmarks/results/ptq-experiments/ has the one- and two-plane pairs)
-    float_target: bool | None = None
+    # gptq: the settings of :class:`trit.quant.gptq.GptqOptions`, whose defaults are the ones stated
+    act_order: bool = GptqOptions.act_order
+    damp: float = GptqOptions.damp
+    passes: int = GptqOptions.passes
+    float_target: bool | None = GptqOptions.float_target
+
+    def gptq(self) -> GptqOptions:
+        return GptqOptions(self.group_size, self.planes, self.damp, self.act_order, passes=self.passes,
+                           float_target=self.float_target)
 
 
 @dataclass(frozen=True)
@@ -107,20 +96,6 @@ class ConvertReport:
         return "\n".join(lines)
 
 
-def check_paths(src: Path, out: Path, overwrite: bool) -> None:
-    src_r, out_r = src.resolve(), out.resolve()
-    if src_r == out_r:
-        raise ConvertError(f"OUT_DIR {out} is MODEL_DIR: write the ternary checkpoint to another folder")
-    if src_r in out_r.parents:
-        raise ConvertError(f"OUT_DIR {out} lies inside MODEL_DIR {src}: the source folder is never written to")
-    if out_r in src_r.parents:
-        raise ConvertError(f"OUT_DIR {out} holds MODEL_DIR {src}: replacing it would delete the source")
-    if out.exists() and not out.is_dir():
-        raise ConvertError(f"OUT_DIR {out} exists and is not a folder")
-    if out.is_dir() and any(out.iterdir()) and not overwrite:
-        raise ConvertError(f"OUT_DIR {out} is not empty; pass --overwrite to replace it")
-
-
 def _plan(ckpt: Checkpoint, opts: ConvertOptions) -> dict[str, LayerReport]:
     """Decide, before reading any data, what happens to each decoder linear layer."""
     modules = {name.rsplit(".", 1)[0] for name in ckpt.tensors}
@@ -149,12 +124,6 @@ def _plan(ckpt: Checkpoint, opts: ConvertOptions) -> dict[str, LayerReport]:
     if not any(r.action != "kept" for r in plan.values()):
         raise ConvertError(f"{ckpt.path}: no linear layer left to quantize")
     return plan
-
-
-def _check_finite(name: str, t: torch.Tensor, shard: Path) -> None:
-    if t.is_floating_point() and not torch.isfinite(t).all():
-        bad = int((~torch.isfinite(t)).sum())
-        raise CheckpointError(shard, f"tensor {name!r} holds {bad} NaN or Inf values")
 
 
 def _quantize_layer(
@@ -193,55 +162,6 @@ def _trit_config(opts: ConvertOptions, plan: dict[str, LayerReport]) -> fmt.Trit
     )
 
 
-TensorFn = Callable[[str, torch.Tensor], dict[str, torch.Tensor]]
-
-
-def _write_shards(ckpt: Checkpoint, tmp: Path, transform: TensorFn, progress: bool, desc: str) -> None:
-    """One output shard per input shard; ``transform`` maps each input tensor to its output tensors."""
-    n_shards = len(ckpt.shards)
-    weight_map: dict[str, str] = {}
-    with tqdm(total=len(ckpt.tensors), desc=desc, unit="tensor", disable=not progress) as bar:
-        for i, shard in enumerate(ckpt.shards):
-            out_name = SINGLE_FILE if n_shards == 1 else f"model-{i + 1:05d}-of-{n_shards:05d}.safetensors"
-            out: dict[str, torch.Tensor] = {}
-            for name, tensor in ckpt.iter_shard(shard):
-                _check_finite(name, tensor, shard)
-                bar.set_postfix_str(name.rsplit(".", 1)[0], refresh=False)
-                out.update(transform(name, tensor))
-                bar.update(1)
-            save_file(out, str(tmp / out_name), metadata={"format": "pt"})
-            weight_map.update(dict.fromkeys(out, out_name))
-            del out
-    if n_shards > 1:
-        index = {"metadata": {}, "weight_map": dict(sorted(weight_map.items()))}
-        (tmp / INDEX_FILE).write_text(json.dumps(index, indent=2) + "\n")
-
-
-def write_checkpoint(
-    ckpt: Checkpoint, out: Path, transform: TensorFn, config: dict, progress: bool = True, desc: str = "quantize"
-) -> None:
-    """Write ``ckpt`` transformed tensor by tensor, with ``config`` and the tokenizer files, to ``out``.
-
-    Everything goes into a temporary folder beside ``out``, renamed into place
-    at the end; on any error (or Ctrl-C) the temporary folder is removed and
-    ``out`` is as it was.
-    """
-    out.parent.mkdir(parents=True, exist_ok=True)
-    tmp = out.parent / f".{out.name}.partial-{os.getpid()}"
-    shutil.rmtree(tmp, ignore_errors=True)
-    tmp.mkdir()
-    try:
-        _write_shards(ckpt, tmp, transform, progress, desc)
-        (tmp / CONFIG_FILE).write_text(json.dumps(config, indent=2) + "\n")
-        for name in COPIED_FILES:
-            if (ckpt.path / name).is_file():
-                shutil.copy2(ckpt.path / name, tmp / name)
-        _replace(tmp, out)
-    except BaseException:
-        shutil.rmtree(tmp, ignore_errors=True)
-        raise
-
-
 def convert(
     model_dir: str | Path,
     out_dir: str | Path,
@@ -271,13 +191,9 @@ def convert(
     precomputed: dict[str, tuple[torch.Tensor, torch.Tensor]] = {}
     if Method(opts.method) is Method.GPTQ:
         from trit.calibrate import gptq_model
-        from trit.quant.gptq import GptqOptions
 
-        float_target = opts.planes == 1 if opts.float_target is None else opts.float_target
-        gopts = GptqOptions(opts.group_size, opts.planes, opts.damp, opts.act_order, float_target=float_target,
-                            passes=opts.passes)
         todo = {m for m, r in plan.items() if r.action != "kept"}
-        precomputed = gptq_model(ckpt, todo, gopts, opts.calib, opts.device, progress)
+        precomputed = gptq_model(ckpt, todo, opts.gptq(), opts.calib, opts.device, progress)
 
     def transform(name: str, tensor: torch.Tensor) -> dict[str, torch.Tensor]:
         module, leaf = name.rsplit(".", 1)
@@ -291,14 +207,3 @@ def convert(
     report.layers = sorted(plan.values(), key=lambda r: r.name)
     report.seconds = time.perf_counter() - start
     return report
-
-
-def _replace(tmp: Path, out: Path) -> None:
-    """Move the finished folder into place; an existing OUT_DIR (with --overwrite) goes only after."""
-    if out.exists():
-        old = out.parent / f".{out.name}.old-{os.getpid()}"
-        out.rename(old)
-        tmp.rename(out)
-        shutil.rmtree(old, ignore_errors=True)
-    else:
-        tmp.rename(out)

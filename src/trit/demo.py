@@ -15,6 +15,7 @@ from pathlib import Path
 import torch
 
 from trit import runtime, smollm2
+from trit.cache import cache_dir
 from trit.convert import ConvertOptions, convert
 from trit.eval.audit import audit
 from trit.eval.perplexity import PerplexityOptions, perplexity, tokenize_file
@@ -29,7 +30,7 @@ PROMPTS = (
 def ternary_checkpoint(float_dir: Path, opts: ConvertOptions | None = None) -> Path:
     """The cached ternary SmolLM2 for ``opts``, converted on first use."""
     opts = opts or ConvertOptions()
-    out = smollm2.cache_dir() / f"{smollm2.MODEL_NAME}-trit-{opts.method.value}-g{opts.group_size}"
+    out = cache_dir() / f"{smollm2.MODEL_NAME}-trit-{opts.method.value}-g{opts.group_size}"
     if (out / "config.json").is_file():
         return out
     report = convert(float_dir, out, opts)

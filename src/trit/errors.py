@@ -6,3 +6,7 @@ The CLI turns a ``TritError`` into one line on stderr and exit status 2.
 
 class TritError(Exception):
     """An input trit refuses (a file, a tensor, a flag): the message names it and says what was expected."""
+
+
+class ConvertError(TritError, ValueError):
+    """A conversion (quantize, import, heal) that cannot go ahead, or its output folder; nothing was written."""

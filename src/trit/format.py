@@ -21,9 +21,10 @@ weight ``k`` in bits ``2 * (k % 16)``: the same bytes, the view GPU kernels load
 The code value 3 never appears in a valid file.
 
 Scales are ``(N, K_pad // group_size)`` in fp16 (or bf16; float32 where an
-imported scale has no exact 16-bit form, see :mod:`trit.bitnet`), one per group of
+imported scale has no exact 16-bit form, see :mod:`trit.import_bitnet`), one per group of
 ``group_size`` consecutive inputs of a row; ``group_size = -1`` means one scale
-per row, shape ``(N, 1)``. The dequantized weight is ``(c - 1) * scale``.
+per row (:data:`PER_ROW`), shape ``(N, 1)``. The dequantized weight is ``(c - 1) * scale``
+(:func:`dequantize`, the one implementation every other path is checked against).
 
 ``K_pad`` is K rounded up to a multiple of the group size (and of 4). Layers
 whose K is not such a multiple are padded with zero weights (code 1) by the
@@ -63,6 +64,8 @@ SCALE_SUFFIX = "weight_scale"
 MAX_PLANES = 2
 CODES_PER_BYTE = 4
 ZERO_BYTE = 0b01010101  # four codes 1: four zero weights
+PER_ROW = -1  # group_size of one scale per row
+DEFAULT_GROUP_SIZE = 64  # inputs per scale unless told otherwise (2.25 bits a weight with fp16 scales)
 
 
 class FormatError(TritError, ValueError):
@@ -107,7 +110,7 @@ class PadPolicy(str, enum.Enum):
 class TritConfig:
     """The ``quantization_config`` of a trit checkpoint."""
 
-    group_size: int = 64
+    group_size: int = DEFAULT_GROUP_SIZE
     scale_dtype: ScaleDtype = ScaleDtype.FLOAT16
     method: str = "absmean"
     pad_policy: PadPolicy = PadPolicy.PAD
@@ -129,9 +132,6 @@ class TritConfig:
     def padded_k(self, k: int) -> int:
         """K rounded up to what this config stores: a whole number of groups and of bytes."""
         return padded_k(k, self.group_size)
-
-    def num_groups(self, k: int) -> int:
-        return 1 if self.group_size == -1 else self.padded_k(k) // self.group_size
 
     def is_converted(self, module: str) -> bool:
         """False for a module listed (or under a prefix listed) in ``modules_not_converted``."""
@@ -201,12 +201,27 @@ def is_listed(module: str, names: tuple[str, ...] | list[str]) -> bool:
 def check_group_size(group_size: Any, where: str) -> None:
     if not isinstance(group_size, int) or isinstance(group_size, bool):
         raise FormatError(where, "an integer", repr(group_size))
-    if group_size != -1 and (group_size < CODES_PER_BYTE or group_size % CODES_PER_BYTE):
-        raise FormatError(where, "-1 (one scale per row) or a positive multiple of 4", str(group_size))
+    if group_size != PER_ROW and (group_size < CODES_PER_BYTE or group_size % CODES_PER_BYTE):
+        raise FormatError(where, f"{PER_ROW} (one scale per row) or a positive multiple of 4", str(group_size))
+
+
+def group_width(group_size: int, k_pad: int) -> int:
+    """Inputs one scale covers: ``group_size``, or the whole (padded) row for :data:`PER_ROW`."""
+    return k_pad if group_size == PER_ROW else group_size
+
+
+def num_groups(group_size: int, k_pad: int) -> int:
+    """Scales a row holds: ``k_pad / group_size``, or 1 for :data:`PER_ROW`."""
+    return k_pad // group_width(group_size, k_pad)
+
+
+def steps_fit_groups(group_size: int, step: int) -> bool:
+    """Whether a kernel step of ``step`` inputs never spans two groups (a whole row is one group)."""
+    return group_size == PER_ROW or group_size % step == 0
 
 
 def padded_k(k: int, group_size: int) -> int:
-    unit = CODES_PER_BYTE if group_size == -1 else math.lcm(group_size, CODES_PER_BYTE)
+    unit = CODES_PER_BYTE if group_size == PER_ROW else math.lcm(group_size, CODES_PER_BYTE)
     return -(-k // unit) * unit
 
 
@@ -233,6 +248,31 @@ def unpack_codes(packed: torch.Tensor) -> torch.Tensor:
 def unpack(packed: torch.Tensor) -> torch.Tensor:
     """``(N, K // 4)`` uint8 -> ``(N, K)`` int8 ternary values in {-1, 0, 1}; exact inverse of :func:`pack`."""
     return unpack_codes(packed).to(torch.int8) - 1
+
+
+def apply_scales(values: torch.Tensor, scale: torch.Tensor) -> torch.Tensor:
+    """``values`` ``(..., N, K_pad)`` float times their group's scale ``(..., N, G)``: ``(..., N, K_pad)``.
+
+    The group width is ``K_pad / G`` (a whole row when ``G = 1``); the product is in ``values.dtype``.
+    """
+    *lead, n, k_pad = values.shape
+    groups = scale.shape[-1]
+    grouped = values.reshape(*lead, n, groups, k_pad // groups)
+    return (grouped * scale.to(values.dtype)[..., None]).reshape(values.shape)
+
+
+def dequantize(
+    packed: torch.Tensor,  # (N, K_pad // 4) uint8
+    scale: torch.Tensor,  # (N, G) fp16/bf16/fp32
+    in_features: int | None = None,
+    dtype: torch.dtype = torch.float32,
+) -> torch.Tensor:  # (N, in_features) dtype
+    """The layer's weight ``(c - 1) * scale``, padded columns past ``in_features`` dropped.
+
+    Shifts and masks only (no cached table): safe inside a ``torch.compile`` trace and a backward pass.
+    """
+    w = apply_scales(unpack(packed).to(dtype), scale)
+    return w if in_features is None else w[:, :in_features]
 
 
 def count_invalid_codes(packed: torch.Tensor) -> int:
@@ -262,8 +302,7 @@ def to_scale(scale: torch.Tensor, dtype: ScaleDtype, name: str) -> torch.Tensor:
 def expected_shapes(out_features: int, in_features: int, group_size: int) -> tuple[tuple[int, int], tuple[int, int]]:
     """Shapes of ``(weight_packed, weight_scale)`` for a layer of this size."""
     k_pad = padded_k(in_features, group_size)
-    groups = 1 if group_size == -1 else k_pad // group_size
-    return (out_features, k_pad // CODES_PER_BYTE), (out_features, groups)
+    return (out_features, k_pad // CODES_PER_BYTE), (out_features, num_groups(group_size, k_pad))
 
 
 def check_layer(

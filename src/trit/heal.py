@@ -14,7 +14,7 @@ sequences the teacher samples itself (LLM-QAT; Liu et al. 2023,
 arXiv:2305.17888), or windows of ``--data FILE``. The held-out loss is
 measured every ``eval_every`` steps on sequences never trained on, and the
 best student is what gets written: a normal trit checkpoint (same group size,
-scale dtype and layout), through the converter's atomic writer. AdamW, linear
+scale dtype and layout), through the atomic :func:`trit.checkpoint.write_checkpoint`. AdamW, linear
 warm-up over the first 5% of the steps, then a cosine down to 10% of ``lr``.
 
 Embeddings and ``lm_head`` stay frozen unless ``train_embeddings`` (they are
@@ -44,9 +44,8 @@ from torch import nn
 from tqdm.auto import tqdm
 
 from trit import format as fmt
-from trit.checkpoint import CheckpointError
-from trit.convert import ConvertError, check_paths, write_checkpoint
-from trit.kernels.reference import dequantize
+from trit.checkpoint import CheckpointError, check_paths, write_checkpoint
+from trit.errors import ConvertError
 from trit.nn import TritLinear
 
 COMPILE_BACKEND = "inductor"  # torch.compile's backend for HealOptions.compile
@@ -115,8 +114,7 @@ class QATLinear(nn.Module):
     def __init__(self, layer: TritLinear):
         super().__init__()
         self.in_features, self.out_features, self.group_size = layer.in_features, layer.out_features, layer.group_size
-        k_pad = layer.weight_packed.shape[1] * fmt.CODES_PER_BYTE
-        w = dequantize(layer.weight_packed, layer.weight_scale, layer.group_size, k_pad, torch.float32)
+        w = fmt.dequantize(layer.weight_packed, layer.weight_scale)
         self.weight = nn.Parameter(w)  # (N, K_pad) f32, on the grid at the start
         self.scale = nn.Parameter(layer.weight_scale.float().clone())  # (N, G)
         self.bias = layer.bias

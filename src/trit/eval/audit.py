@@ -20,9 +20,8 @@ import torch
 from torch import nn
 
 from trit import format as fmt
-from trit.arch import check_architecture, is_decoder_linear
+from trit.arch import check_architecture, is_decoder_linear, meta_model
 from trit.checkpoint import CONFIG_FILE, Checkpoint, CheckpointError, open_checkpoint
-from trit.runtime import meta_model, trit_config_of
 
 
 @dataclass
@@ -85,7 +84,7 @@ def audit(path: str | Path, values: bool = True) -> AuditReport:
     try:
         ckpt = open_checkpoint(path)
         check_architecture(ckpt.config, str(ckpt.path / CONFIG_FILE))
-        qcfg = trit_config_of(ckpt)
+        qcfg = ckpt.trit_config()
         if qcfg is None:
             raise fmt.FormatError(f"{ckpt.path / CONFIG_FILE}: quantization_config", "a trit config", "none")
     except (fmt.FormatError, CheckpointError) as e:

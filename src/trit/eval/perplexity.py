@@ -19,7 +19,7 @@ import torch
 from tqdm.auto import tqdm
 
 from trit.errors import TritError
-from trit.runtime import Loaded
+from trit.runtime.loader import Loaded
 
 
 class PerplexityError(TritError, ValueError):

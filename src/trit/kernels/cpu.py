@@ -16,6 +16,8 @@ import functools
 
 import torch
 
+from trit import format as fmt
+
 WORD = 16  # codes per int32 word
 
 
@@ -28,7 +30,7 @@ def _word_permutation(k_pad: int, device: torch.device) -> torch.Tensor:
 def refuse(k_pad: int, group_size: int) -> str | None:
     if k_pad % WORD:
         return f"K_pad = {k_pad} is not a multiple of {WORD} (one int32 word)"
-    if group_size != -1 and group_size % WORD:
+    if not fmt.steps_fit_groups(group_size, WORD):
         return f"group size {group_size} is not a multiple of {WORD}"
     return None
 
@@ -40,11 +42,10 @@ def linear(
     group_size: int,
     bias: torch.Tensor | None = None,
 ) -> torch.Tensor:  # (..., N) x.dtype
-    n, k_pad = packed.shape[0], packed.shape[1] * 4
-    g = k_pad if group_size == -1 else group_size
+    n, k_pad = packed.shape[0], packed.shape[1] * fmt.CODES_PER_BYTE
     words = packed.view(torch.int32)  # (N, K_pad // 16)
     codes = torch.stack([(words >> (2 * i)) & 0x03030303 for i in range(4)], dim=-1).view(torch.uint8)
-    w = codes.view(n, k_pad // g, g).float().sub_(1).mul_(scale.float()[:, :, None]).view(n, k_pad)
+    w = fmt.apply_scales(codes.view(n, k_pad).float().sub_(1), scale)  # groups hold whole words: scales in place
     xf = x.float()
     if x.shape[-1] != k_pad:
         xf = torch.nn.functional.pad(xf, (0, k_pad - x.shape[-1]))

@@ -24,10 +24,13 @@ from typing import Any, TypeVar
 
 import torch
 
+from trit.cache import cache_dir
+
 C = TypeVar("C")
 SHIPPED = Path(__file__).parent / "tuned"
 _LOCK = threading.Lock()
 _TABLES: dict[str, dict[str, dict[str, Any]]] | None = None
+_GENERATION = 0  # bumped whenever a kernel choice may have changed: choices remembered before are stale
 
 
 def m_bucket(m: int) -> int:
@@ -45,7 +48,7 @@ def key(m: int, n: int, k: int, group_size: int, dtype: torch.dtype) -> str:
 
 
 def cache_file() -> Path:
-    return Path(os.environ.get("TRIT_CACHE", Path.home() / ".cache" / "trit")) / "tuned.json"
+    return cache_dir() / "tuned.json"
 
 
 def _tables() -> dict[str, dict[str, dict[str, Any]]]:
@@ -78,9 +81,7 @@ def prefer(problem_key: str, kernel: str) -> None:
     with _LOCK:
         tables = _TABLES if _TABLES is not None else {}
         tables.setdefault("choice", {})[problem_key] = kernel
-    from trit.ops import choose_kernel
-
-    choose_kernel.cache_clear()
+        _bump()
 
 
 def remember(kernel: str, problem_key: str, config: Any, persist: bool = True) -> None:
@@ -155,6 +156,14 @@ def reset() -> None:
     global _TABLES
     with _LOCK:
         _TABLES = None
-    from trit.ops import choose_kernel
+        _bump()
 
-    choose_kernel.cache_clear()
+
+def _bump() -> None:
+    global _GENERATION
+    _GENERATION += 1
+
+
+def generation() -> int:
+    """How many times the tables changed in this process: part of the key kernel choices are remembered under."""
+    return _GENERATION

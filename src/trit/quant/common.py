@@ -6,6 +6,8 @@ from dataclasses import dataclass
 
 import torch
 
+from trit import format as fmt
+
 
 @dataclass(frozen=True)
 class Ternary:
@@ -16,7 +18,7 @@ class Ternary:
 def grouped(weight: torch.Tensor, group_size: int) -> torch.Tensor:
     """``(N, K)`` -> ``(N, G, g)`` float32 view by groups of consecutive inputs (one group for -1)."""
     n, k = weight.shape
-    g = k if group_size == -1 else group_size
+    g = fmt.group_width(group_size, k)
     if k % g:
         raise ValueError(f"K = {k} is not a multiple of the group size {group_size}; pad it first")
     return weight.float().reshape(n, k // g, g)
@@ -24,6 +26,4 @@ def grouped(weight: torch.Tensor, group_size: int) -> torch.Tensor:
 
 def dequantize_ternary(t: Ternary) -> torch.Tensor:
     """``(N, K)`` float32: values times their group's scale."""
-    n, k = t.values.shape
-    groups = t.scales.shape[1]
-    return (t.values.float().reshape(n, groups, k // groups) * t.scales[:, :, None]).reshape(n, k)
+    return fmt.apply_scales(t.values.float(), t.scales)

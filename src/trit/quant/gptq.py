@@ -24,20 +24,29 @@ from dataclasses import dataclass
 
 import torch
 
+from trit import format as fmt
 from trit.quant.planes import fit_planes
 from trit.quant.twn import quantize_twn
 
 
 @dataclass(frozen=True)
 class GptqOptions:
-    group_size: int = 64
+    """GPTQ's settings; the defaults are the recipe every measured result used (``trit quantize`` shows them)."""
+
+    group_size: int = fmt.DEFAULT_GROUP_SIZE
     planes: int = 1  # 1 or 2 ternary planes
     damp: float = 0.01  # fraction of mean(diag(H)) added to the diagonal
-    act_order: bool = False
+    act_order: bool = True  # columns in order of decreasing Hessian diagonal
     block_size: int = 128
     refit: bool = True  # least-squares scales for the final codes under H
-    passes: int = 1  # with refit: GPTQ again on the refitted scales as a fixed grid, this many passes in all
-    float_target: bool = True  # calibration: aim at the float model's outputs, not the weight on quantized inputs
+    passes: int = 3  # with refit: GPTQ again on the refitted scales as a fixed grid, this many passes in all
+    # calibration: aim at the float model's outputs, not the weight on quantized inputs (two calibration streams);
+    # None: for one plane only, where it measured better (set so on construction)
+    float_target: bool | None = None
+
+    def __post_init__(self) -> None:
+        if self.float_target is None:
+            object.__setattr__(self, "float_target", self.planes == 1)
 
 
 def fit_grid(w: torch.Tensor, planes: int) -> torch.Tensor:
@@ -84,7 +93,7 @@ def gptq_ternary(weight: torch.Tensor, h: torch.Tensor, opts: GptqOptions) -> tu
     The column order and the inverse Hessian's factor are the same for every pass: computed once.
     """
     k = weight.shape[1]
-    g = k if opts.group_size == -1 else opts.group_size
+    g = fmt.group_width(opts.group_size, k)
     if k % g:
         raise ValueError(f"K = {k} is not a multiple of the group size {opts.group_size}; pad it first")
     h = h.float()
@@ -104,10 +113,10 @@ def _gptq_pass(weight: torch.Tensor, h: torch.Tensor, dead: torch.Tensor, perm: 
     """One GPTQ pass in column order ``perm`` with the inverse Hessian's upper factor ``hinv`` (in that order):
     each group's grid fitted as it goes (or up front), or ``grid`` ``(P, N, G)`` as given. ``h`` for the refit."""
     n, k = weight.shape
-    g = k if opts.group_size == -1 else opts.group_size
+    g = fmt.group_width(opts.group_size, k)
     w = weight.float().clone()
     w[:, dead] = 0.0
-    static = opts.act_order or opts.group_size == -1 or grid is not None
+    static = opts.act_order or opts.group_size == fmt.PER_ROW or grid is not None
     if grid is not None:
         scales = grid.permute(1, 2, 0).to(w.device, torch.float32).contiguous()  # (N, G, P)
     else:
@@ -194,9 +203,7 @@ def hessian(x: torch.Tensor) -> torch.Tensor:
 
 def dequantize_planes(codes: torch.Tensor, scales: torch.Tensor) -> torch.Tensor:
     """Codes ``(P, N, K)`` and scales ``(P, N, G)`` -> the float weight ``(N, K)``."""
-    p, n, k = codes.shape
-    g = k // scales.shape[2]
-    return (codes.float().view(p, n, k // g, g) * scales[..., None]).sum(0).view(n, k)
+    return fmt.apply_scales(codes.float(), scales).sum(0)
 
 
 __all__ = ["GptqOptions", "gptq_ternary", "float_target_weight", "output_error", "hessian", "dequantize_planes",

@@ -25,5 +25,5 @@ def register() -> None:
 
     install()
     if "BitNetForCausalLM" not in ModelRegistry.get_supported_archs():  # a vLLM with its own BitNet keeps it
-        ModelRegistry.register_model("BitNetForCausalLM", "trit.vllm.bitnet:BitNetForCausalLM")
+        ModelRegistry.register_model("BitNetForCausalLM", "trit.vllm.bitnet_model:BitNetForCausalLM")
     _registered = True

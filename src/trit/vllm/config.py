@@ -42,6 +42,8 @@ from vllm.model_executor.parameter import (
 
 import trit.ops  # registers torch.ops.trit.linear; warm_up
 from trit import format as fmt
+from trit.arch import linear_shapes
+from trit.checkpoint import Checkpoint, open_checkpoint
 
 
 class TritVllmConfig(QuantizationConfig):
@@ -80,12 +82,7 @@ class TritVllmConfig(QuantizationConfig):
             return  # a hub name: vLLM resolves it later; the load itself still checks values
         if not any(Path(model_name).glob("*.safetensors")):
             return  # a config folder (load_format="dummy"); a real load without weights fails in vLLM's loader
-        from trit.eval.audit import audit
-
-        report = audit(model_name, values=False)
-        if not report.ok:
-            first = next(f for c in report.checks for f in c.failures)
-            raise fmt.FormatError(model_name, "a valid trit checkpoint", first)
+        check_headers(open_checkpoint(model_name), self.trit)
 
     def _is_skipped(self, prefix: str) -> bool:
         """Whether vLLM's module ``prefix`` stays in high precision; a fused module must be all or none."""
@@ -141,7 +138,7 @@ class TritLinearMethod(LinearMethodBase):
                 data=torch.full((n, k_pad // fmt.CODES_PER_BYTE), fmt.ZERO_BYTE, dtype=torch.uint8),
                 input_dim=1, output_dim=0, packed_dim=1, packed_factor=fmt.CODES_PER_BYTE, weight_loader=loader,
             )
-            if group == -1:
+            if group == fmt.PER_ROW:
                 scale = ChannelQuantScaleParameter(
                     data=torch.empty(n, 1, dtype=scale_dtype), output_dim=0, weight_loader=loader)
             else:
@@ -176,14 +173,36 @@ class TritLinearMethod(LinearMethodBase):
                                  layer.trit_act_int8)
 
     def apply(self, layer: torch.nn.Module, x: torch.Tensor, bias: torch.Tensor | None = None) -> torch.Tensor:
-        y = torch.ops.trit.linear(
-            x, layer.weight_packed, layer.weight_scale, layer.trit_group_size, bias, layer.trit_act_int8
-        )
-        if len(layer.trit_planes) == 2:  # trit-planes: the second ternary matmul, summed
-            y = y + torch.ops.trit.linear(
-                x, layer.weight_packed_2, layer.weight_scale_2, layer.trit_group_size, None, layer.trit_act_int8
-            )
-        return y
+        planes = [(getattr(layer, p), getattr(layer, s)) for p, s in layer.trit_planes]
+        return trit.ops.linear_planes(x, planes, layer.trit_group_size, bias, layer.trit_act_int8)
+
+
+def check_headers(ckpt: Checkpoint, qcfg: fmt.TritConfig) -> None:
+    """Every ternary layer's codes and scales present, of the dtype and shape its size calls for (headers only).
+
+    Raises :class:`~trit.format.FormatError` naming the checkpoint folder and the file's own tensor name.
+    """
+    where = str(ckpt.path)
+    shapes = linear_shapes(ckpt.config)
+    for layer in fmt.layer_names(ckpt.tensors):
+        if layer not in shapes:
+            raise fmt.FormatError(f"{where}: {layer}.{fmt.PACKED_SUFFIX}", "a tensor of one of the model's linear layers",
+                                  "an unknown layer")
+    for layer, (n, k) in shapes.items():
+        if not qcfg.is_converted(layer):
+            continue
+        for suffixes in fmt.plane_suffixes(qcfg.planes):
+            names = [f"{layer}.{x}" for x in suffixes]
+            missing = [name for name in names if name not in ckpt.tensors]
+            if missing:
+                found = "a float weight" if f"{layer}.weight" in ckpt.tensors else "none"
+                raise fmt.FormatError(f"{where}: {missing[0]}", "a tensor in the checkpoint (the layer is not in "
+                                      "modules_not_converted)", found)
+            try:
+                fmt.check_layer(layer, *(ckpt.tensors[name].meta() for name in names), qcfg.group_size, n, k,
+                                check_values=False, suffixes=suffixes)
+            except fmt.FormatError as e:
+                raise fmt.FormatError(f"{where}: {e.name}", e.expected, e.found) from None
 
 
 def shard_k_pad(prefix: str, k: int, k_part: int, group: int) -> int:
@@ -199,7 +218,7 @@ def shard_k_pad(prefix: str, k: int, k_part: int, group: int) -> int:
         )
     if k_part % fmt.CODES_PER_BYTE:
         raise fmt.FormatError(prefix, f"a K shard of whole bytes (4 codes) at tensor parallel {parts}", f"K shard {k_part}")
-    if group != -1 and k_part % group:
+    if group != fmt.PER_ROW and k_part % group:
         raise fmt.FormatError(
             prefix, f"a K shard of whole groups of {group} at tensor parallel {parts}", f"K shard {k_part}")
     return k_part

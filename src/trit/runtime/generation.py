@@ -1,0 +1,130 @@
+"""Generation from a loaded model: streamed text, greedy ids, and teacher-forced log-probabilities."""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Iterator
+from dataclasses import dataclass
+from threading import Thread
+from typing import Any
+
+import torch
+
+from trit.runtime.loader import Loaded
+
+
+@dataclass(frozen=True)
+class SamplingOptions:
+    max_new_tokens: int = 64
+    temperature: float = 0.0  # 0: greedy
+    top_p: float = 1.0
+    top_k: int = 0  # 0: off
+    repetition_penalty: float = 1.0
+    seed: int | None = None
+
+    def generate_kwargs(self) -> dict[str, Any]:
+        kw: dict[str, Any] = {"max_new_tokens": self.max_new_tokens, "repetition_penalty": self.repetition_penalty}
+        if self.temperature > 0:
+            kw.update(do_sample=True, temperature=self.temperature, top_p=self.top_p, top_k=self.top_k or None)
+        else:
+            kw.update(do_sample=False, temperature=None, top_p=None, top_k=None)
+        return kw
+
+
+def encode_prompt(loaded: Loaded, prompt: str, chat: bool = False) -> torch.Tensor:  # (1, T) int64
+    tok = loaded.tokenizer
+    if chat:
+        ids = tok.apply_chat_template(
+            [{"role": "user", "content": prompt}], add_generation_prompt=True, return_tensors="pt", return_dict=True
+        )["input_ids"]
+    else:
+        ids = tok(prompt, return_tensors="pt").input_ids
+    return ids.to(loaded.device)
+
+
+@dataclass
+class GenerationStats:
+    prompt_tokens: int = 0
+    new_tokens: int = 0
+    seconds: float = 0.0
+
+    @property
+    def tokens_per_second(self) -> float:
+        return self.new_tokens / self.seconds if self.seconds else 0.0
+
+
+def stream(
+    loaded: Loaded, prompt: str, options: SamplingOptions = SamplingOptions(), chat: bool = False,
+    stats: GenerationStats | None = None,
+) -> Iterator[str]:
+    """Yield the generated text piece by piece as tokens come; fills ``stats`` when done."""
+    from transformers import TextIteratorStreamer
+
+    ids = encode_prompt(loaded, prompt, chat)
+    if options.seed is not None:
+        torch.manual_seed(options.seed)
+    streamer = TextIteratorStreamer(loaded.tokenizer, skip_prompt=True, skip_special_tokens=True)
+    out: dict[str, torch.Tensor] = {}
+    pad = loaded.tokenizer.pad_token_id or loaded.tokenizer.eos_token_id
+
+    errors: list[BaseException] = []
+
+    def work() -> None:
+        try:
+            with torch.inference_mode():
+                out["ids"] = loaded.model.generate(
+                    ids, attention_mask=torch.ones_like(ids), streamer=streamer, pad_token_id=pad,
+                    **options.generate_kwargs(),
+                )
+        except BaseException as e:  # re-raised in the caller's thread below
+            errors.append(e)
+            streamer.end()
+
+    start = time.perf_counter()
+    thread = Thread(target=work, daemon=True)
+    thread.start()
+    yield from streamer
+    thread.join()
+    if errors:
+        raise errors[0]
+    if stats is not None:
+        stats.prompt_tokens = ids.shape[1]
+        stats.new_tokens = out["ids"].shape[1] - ids.shape[1] if "ids" in out else 0
+        stats.seconds = time.perf_counter() - start
+
+
+def generate(loaded: Loaded, prompt: str, options: SamplingOptions = SamplingOptions(), chat: bool = False) -> str:
+    return "".join(stream(loaded, prompt, options, chat))
+
+
+def greedy_ids(loaded: Loaded, ids: torch.Tensor, max_new_tokens: int) -> torch.Tensor:  # (1, T) -> (1, new)
+    """Greedy continuation token ids, no streaming (for comparisons between engines)."""
+    with torch.inference_mode():
+        out = loaded.model.generate(
+            ids.to(loaded.device), attention_mask=torch.ones_like(ids, device=loaded.device),
+            max_new_tokens=max_new_tokens, do_sample=False, temperature=None, top_p=None, top_k=None,
+            pad_token_id=loaded.tokenizer.pad_token_id or loaded.tokenizer.eos_token_id,
+        )
+    return out[:, ids.shape[1]:]
+
+
+def token_logprobs(loaded: Loaded, ids: list[int]) -> torch.Tensor:  # -> (T, vocab) float32, on the CPU
+    """Log-probabilities of the next token after each prefix of ``ids``, one forward pass (teacher-forced)."""
+    with torch.inference_mode():
+        logits = loaded.model(torch.tensor([ids], device=loaded.device)).logits[0]
+    return torch.log_softmax(logits.float(), -1).cpu()
+
+
+def prompt_logprobs(loaded: Loaded, ids: list[int]) -> torch.Tensor:  # -> (len(ids) - 1,)
+    """The log-probability of each token of ``ids`` after the ones before it (the first is not scored)."""
+    return token_logprobs(loaded, ids)[:-1].gather(1, torch.tensor(ids[1:])[:, None])[:, 0]
+
+
+def greedy_gaps(loaded: Loaded, ids: list[int], new: list[int]) -> torch.Tensor:  # -> (len(new),)
+    """How far each of ``new`` (another engine's greedy continuation of ``ids``) falls below this model's best.
+
+    ``max - chosen`` log-probability per step, teacher-forced on ``new``: zero where this model picks the same
+    token, small where two engines break a near-tie apart.
+    """
+    steps = token_logprobs(loaded, ids + new)[len(ids) - 1:len(ids) - 1 + len(new)]
+    return steps.max(-1).values - steps.gather(1, torch.tensor(new)[:, None])[:, 0]

@@ -1,0 +1,48 @@
+"""``trit plan``: the memory ledger adds up, from headers or from a bare config, and says when it does not fit."""
+
+from __future__ import annotations
+
+import json
+import shutil
+from pathlib import Path
+
+import pytest
+from safetensors import safe_open
+
+from trit.cli import main
+from trit.eval.plan import GiB, PlanError, PlanOptions, parse_size, plan
+
+
+def test_parse_size() -> None:
+    assert parse_size("24GiB") == 24 * GiB and parse_size("80GB") == 80 * 10**9 and parse_size("512MiB") == 512 * 2**20
+    assert parse_size("1e9") == 10**9
+    with pytest.raises(PlanError, match="expected a size such as 24GiB"):
+        parse_size("lots")
+
+
+def test_ledger_from_headers(tiny_llama_trit: Path) -> None:
+    p = plan(tiny_llama_trit, PlanOptions(gpu_mem=GiB, max_seq_len=100, batch=3, overhead=0))
+    with safe_open(str(tiny_llama_trit / "model.safetensors"), "pt") as f:
+        ternary = sum(f.get_tensor(n).nbytes for n in f.keys() if n.endswith(("weight_packed", "weight_scale")))
+    assert p.weights["ternary (codes, scales)"] == ternary
+    cfg = json.loads((tiny_llama_trit / "config.json").read_text())
+    kv = 2 * cfg["num_hidden_layers"] * cfg["num_key_value_heads"] * cfg["head_dim"] * 2
+    assert p.kv_per_token == kv and p.kv_total == kv * 300
+    assert p.total == sum(p.weights.values()) + p.kv_total + p.activations
+    assert p.fits and p.max_batch_fit * 100 * kv <= GiB - sum(p.weights.values()) - p.activations
+
+
+def test_config_only_matches_the_stored_bytes(tiny_llama_trit: Path, tmp_path: Path) -> None:
+    shutil.copy(tiny_llama_trit / "config.json", tmp_path / "config.json")
+    from_config = plan(tmp_path / "config.json", PlanOptions(group_size=32))
+    from_headers = plan(tiny_llama_trit, PlanOptions())
+    assert "computed from config.json" in from_config.source
+    assert from_config.weights["ternary (codes, scales)"] == from_headers.weights["ternary (codes, scales)"]
+
+
+def test_cli_says_when_it_does_not_fit(tiny_llama_trit: Path, capsys: pytest.CaptureFixture) -> None:
+    assert main(["plan", str(tiny_llama_trit), "--gpu-mem", "1MiB", "--overhead", "0"]) == 1
+    assert "DOES NOT FIT" in capsys.readouterr().out
+    assert main(["plan", str(tiny_llama_trit), "--gpu-mem", "4GiB", "--kv-cache-dtype", "fp8"]) == 0
+    assert main(["plan", str(tiny_llama_trit), "--gpu-mem", "huge"]) == 2
+    assert "expected a size such as 24GiB" in capsys.readouterr().err

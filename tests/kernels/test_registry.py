@@ -1,0 +1,30 @@
+"""Kernel choice: the ordered candidates, the reasons each refusal gives, and switching a kernel off."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from trit.kernels import registry
+
+
+def test_choose_kernel_explains_refusals() -> None:
+    choice = registry.choose_kernel(registry.Problem(1, 64, 96, 12, "cpu", torch.float32))
+    assert choice.kernel is registry.REFERENCE
+    assert any(name == "cpu_words" and "group size 12 is not a multiple of 16" in why for name, why in choice.refused)
+    assert "reference: chosen" in choice.explain()
+    assert registry.choose_kernel(registry.Problem(1, 64, 576, 64, "cpu", torch.float32)).kernel is registry.CPU
+
+
+def test_a_disabled_kernel_is_passed_over_with_its_reason() -> None:
+    problem = registry.Problem(1, 64, 576, 64, "cpu", torch.float32)
+    try:
+        registry.disable("cpu_words")
+        choice = registry.choose_kernel(problem)
+        assert choice.kernel is registry.REFERENCE
+        assert ("cpu_words", "disabled (TRIT_DISABLE_KERNELS or registry.disable)") in choice.refused
+    finally:
+        registry.disable()
+    assert registry.choose_kernel(problem).kernel is registry.CPU
+    with pytest.raises(ValueError, match="no kernel named nope; the kernels are .*cpu_words"):
+        registry.disable("nope")

@@ -1,0 +1,114 @@
+"""The package's import graph: no circle, and every arrow points down the declared layer order.
+
+Each source file's imports (module-level and lazy ones inside functions alike)
+are read with ``ast``. A module may import modules of a lower layer, and the
+modules of its own package (a folder listed as one unit); two units of the same
+layer never import each other. docs/design.md draws the same picture, with these layer numbers.
+"""
+
+from __future__ import annotations
+
+import ast
+from pathlib import Path
+
+SRC = Path(__file__).resolve().parents[1] / "src"
+
+# lowest first; a unit is a module or a package (all of it)
+LAYERS: list[list[str]] = [
+    ["trit.errors", "trit.cache"],
+    ["trit.format"],
+    ["trit.checkpoint"],
+    ["trit.arch", "trit.smollm2"],
+    ["trit.quant", "trit.kernels.reference", "trit.kernels.cpu", "trit.kernels.tuning"],
+    ["trit.kernels.triton"],
+    ["trit.kernels.registry", "trit.kernels"],  # the package's own __init__ is a docstring
+    ["trit.ops"],
+    ["trit.nn", "trit.vllm"],
+    ["trit.runtime", "trit.synthetic", "trit.calibrate"],
+    ["trit.convert"],
+    ["trit.import_bitnet", "trit.heal"],
+    ["trit.eval"],
+    ["trit.bench"],
+    ["trit.demo"],
+    ["trit.cli"],
+    ["trit", "trit.__main__"],
+]
+
+
+def _module_name(path: Path) -> str:
+    parts = path.relative_to(SRC).with_suffix("").parts
+    return ".".join(parts[:-1] if parts[-1] == "__init__" else parts)
+
+
+def _imports(path: Path, module: str) -> set[str]:
+    """Every ``trit`` module the file imports, resolved to full names."""
+    known = {_module_name(p) for p in SRC.rglob("*.py")}
+    out: set[str] = set()
+    for node in ast.walk(ast.parse(path.read_text())):
+        if isinstance(node, ast.Import):
+            out |= {a.name for a in node.names}
+        elif isinstance(node, ast.ImportFrom):
+            assert not node.level, f"{module}: relative import; the package imports absolutely"
+            subs = {f"{node.module}.{a.name}" for a in node.names} & known
+            # ``from trit.kernels import tuning`` imports trit.kernels.tuning (its package only as a parent)
+            out |= subs if subs else {node.module or ""}
+    return {name for name in out if name in known}
+
+
+def _unit(module: str) -> tuple[int, str]:
+    """The layer index and unit of a module: the longest unit that is it or holds it."""
+    best = None
+    for i, layer in enumerate(LAYERS):
+        for unit in layer:
+            if (module == unit or module.startswith(unit + ".")) and (best is None or len(unit) > len(best[1])):
+                best = (i, unit)
+    assert best is not None, f"{module} is in no layer of LAYERS: add it"
+    return best
+
+
+def _graph() -> dict[str, set[str]]:
+    return {_module_name(p): _imports(p, _module_name(p)) for p in sorted(SRC.rglob("*.py"))}
+
+
+def test_every_import_points_down_the_layers() -> None:
+    wrong = []
+    for module, imported in _graph().items():
+        layer, unit = _unit(module)
+        for target in imported:
+            t_layer, t_unit = _unit(target)
+            if t_unit == unit or (module == "trit" or target == "trit"):
+                continue  # inside one unit; the top package's __init__ only re-exports
+            if t_layer >= layer:
+                wrong.append(f"{module} (layer {layer}) imports {target} (layer {t_layer})")
+    assert not wrong, "imports against the layer order:\n" + "\n".join(sorted(wrong))
+
+
+def test_no_import_circle() -> None:
+    graph = _graph()
+    state: dict[str, int] = {}  # 1: on the path, 2: done
+    path: list[str] = []
+
+    def visit(node: str) -> None:
+        state[node] = 1
+        path.append(node)
+        for nxt in sorted(graph.get(node, ())):
+            if nxt == node or nxt == "trit" or node == "trit":
+                continue
+            if state.get(nxt) == 1:
+                raise AssertionError("import circle: " + " -> ".join(path[path.index(nxt):] + [nxt]))
+            if nxt not in state:
+                visit(nxt)
+        path.pop()
+        state[node] = 2
+
+    for node in sorted(graph):
+        if node not in state:
+            visit(node)
+
+
+def test_the_vllm_plugin_stands_on_format_checkpoint_arch_and_ops() -> None:
+    allowed = ("trit.format", "trit.checkpoint", "trit.arch", "trit.ops", "trit.errors", "trit.vllm")
+    for module, imported in _graph().items():
+        if module.startswith("trit.vllm"):
+            extra = sorted(t for t in imported if not t.startswith(allowed) and t != "trit")
+            assert not extra, f"{module} imports {extra}"
