@@ -79,6 +79,39 @@ def meta_model_from_config(hf_config: Any, dtype: torch.dtype | None = None) -> 
         return AutoModelForCausalLM.from_config(hf_config, **({"dtype": dtype} if dtype else {}))
 
 
+def tied_names(model: nn.Module) -> set[str]:
+    """State-dict names that share storage with another (``lm_head.weight`` under tied embeddings)."""
+    if not getattr(model.config, "tie_word_embeddings", False):
+        return set()
+    out = model.get_output_embeddings()
+    return {f"{n}.weight" for n, m in model.named_modules() if m is out and out is not None}
+
+
+FLOAT_DTYPES = ("F16", "BF16", "F32", "F64")  # safetensors codes of the dtypes a float checkpoint's tensors take
+
+
+def check_float_source(ckpt: Checkpoint) -> None:
+    """Refuse a float checkpoint that lacks a tensor its model needs, or holds one of the wrong shape or dtype.
+
+    Names and shapes come from the model built on the meta device; a tied ``lm_head`` may be absent. Reads
+    headers only.
+    """
+    model = meta_model(ckpt)
+    expected = {name: tuple(t.shape) for name, t in model.state_dict().items()}
+    missing = sorted(set(expected) - set(ckpt.tensors) - tied_names(model))
+    if missing:
+        more = f" (and {len(missing) - 1} more)" if len(missing) > 1 else ""
+        raise CheckpointError(ckpt.path, f"tensor {missing[0]!r}{more} is missing: the {type(model).__name__} of "
+                                         "config.json needs it")
+    for name, info in ckpt.tensors.items():
+        if info.dtype not in FLOAT_DTYPES:
+            raise CheckpointError(info.shard, f"tensor {name!r}: expected a float dtype ({', '.join(FLOAT_DTYPES)}), "
+                                              f"found {info.dtype}")
+        if name in expected and info.shape != expected[name]:
+            raise CheckpointError(info.shard, f"tensor {name!r}: expected shape {expected[name]} from config.json, "
+                                              f"found {info.shape}")
+
+
 def materialize_buffers(model: nn.Module, device: torch.device) -> None:
     """Rebuild modules whose computed (non-persistent) buffers are still on the meta device (rotary tables)."""
     for name, mod in list(model.named_modules()):

@@ -17,7 +17,9 @@ transformed tensor by tensor, one output shard per input shard, that way.
 
 from __future__ import annotations
 
+import errno
 import json
+import math
 import os
 import shutil
 import struct
@@ -71,6 +73,10 @@ class TensorInfo:
     dtype: str  # safetensors dtype code: "BF16", "F16", "F32", "U8", ...
     shape: tuple[int, ...]
     shard: Path
+
+    @property
+    def nbytes(self) -> int:
+        return self.meta().element_size() * math.prod(self.shape)
 
     def meta(self) -> torch.Tensor:
         """A data-less tensor of this dtype and shape, for checks that need no values."""
@@ -215,28 +221,60 @@ def check_paths(src: Path, out: Path, overwrite: bool) -> None:
         raise ConvertError(f"OUT_DIR {out} is not empty; pass --overwrite to replace it")
 
 
+MiB = 2**20
+
+
+def _disk_full(e: BaseException) -> bool:
+    """An error that says the disk is full (safetensors wraps the OS error in its own, with the code)."""
+    text = str(e)
+    return (isinstance(e, OSError) and e.errno == errno.ENOSPC) or "No space left on device" in text \
+        or "code: 28," in text
+
+
+def _free_bytes(folder: Path) -> int:
+    existing = next(p for p in (folder, *folder.parents) if p.exists())
+    return shutil.disk_usage(existing).free
+
+
+def _space_error(out: Path, needed: int | None, free: int) -> CheckpointError:
+    need = f"needed about {needed / MiB:.1f} MiB, " if needed else ""
+    return CheckpointError(out, f"no space left on device ({need}{free / MiB:.1f} MiB free before writing)")
+
+
 @contextmanager
-def atomic_folder(out: Path) -> Iterator[Path]:
+def atomic_folder(out: Path, needed: int | None = None) -> Iterator[Path]:
     """Yield an empty temporary folder beside ``out``; at the end it replaces ``out`` whole.
 
     On any error (or Ctrl-C) the temporary folder, and every parent folder made for it, are removed,
-    and ``out`` is as it was. An existing ``out`` goes only once the new one is complete.
+    and ``out`` is as it was. An existing ``out`` goes only once the new one is complete. ``needed``
+    (bytes, an estimate) is refused up front when the disk has less free; a disk that fills anyway, or a
+    folder that cannot be written, becomes one :class:`CheckpointError` naming ``out``.
     """
+    free = _free_bytes(out.parent)
+    if needed is not None and free < needed:
+        raise _space_error(out, needed, free)
     made = [p for p in reversed(out.parents) if not p.exists()]  # outermost first
-    out.parent.mkdir(parents=True, exist_ok=True)
     tmp = out.parent / f".{out.name}.partial-{os.getpid()}"
-    shutil.rmtree(tmp, ignore_errors=True)
     try:
-        tmp.mkdir()
+        try:
+            out.parent.mkdir(parents=True, exist_ok=True)
+            shutil.rmtree(tmp, ignore_errors=True)
+            tmp.mkdir()
+        except OSError as e:
+            raise CheckpointError(out, f"cannot write here: {e.strerror or e}") from None
         yield tmp
         _replace(tmp, out)
-    except BaseException:
+    except BaseException as e:
         shutil.rmtree(tmp, ignore_errors=True)
         for parent in reversed(made):
             try:
                 parent.rmdir()
             except OSError:  # not empty: something else wrote there meanwhile
                 break
+        if _disk_full(e):
+            raise _space_error(out, needed, free) from None
+        if isinstance(e, OSError) and e.errno in (errno.EROFS, errno.EACCES, errno.EPERM):
+            raise CheckpointError(out, f"cannot write here: {e.strerror}") from None
         raise
 
 
@@ -258,6 +296,15 @@ def check_finite(name: str, t: torch.Tensor, shard: Path) -> None:
     if t.is_floating_point() and not torch.isfinite(t).all():
         bad = int((~torch.isfinite(t)).sum())
         raise CheckpointError(shard, f"tensor {name!r} holds {bad} NaN or Inf values")
+
+
+def check_all_finite(ckpt: Checkpoint, progress: bool = False) -> None:
+    """Read every tensor once (memory-mapped, one at a time) and refuse the first that holds NaN or Inf."""
+    with tqdm(total=len(ckpt.tensors), desc="check", unit="tensor", disable=not progress) as bar:
+        for shard in ckpt.shards:
+            for name, tensor in ckpt.iter_shard(shard):
+                check_finite(name, tensor, shard)
+                bar.update(1)
 
 
 def _write_shards(ckpt: Checkpoint, folder: Path, transform: TensorFn, progress: bool, desc: str) -> None:
@@ -284,12 +331,18 @@ def _write_shards(ckpt: Checkpoint, folder: Path, transform: TensorFn, progress:
 
 
 def write_checkpoint(
-    ckpt: Checkpoint, out: Path, transform: TensorFn, config: dict, progress: bool = True, desc: str = "quantize"
+    ckpt: Checkpoint, out: Path, transform: TensorFn, config: dict, progress: bool = True, desc: str = "quantize",
+    needed: int | None = None,
 ) -> None:
-    """Write ``ckpt`` transformed tensor by tensor, with ``config`` and the tokenizer files, to ``out`` (atomically)."""
-    with atomic_folder(out) as tmp:
+    """Write ``ckpt`` transformed tensor by tensor, with ``config`` and the tokenizer files, to ``out`` (atomically).
+
+    ``needed``: about how many bytes the output takes (see :func:`atomic_folder`).
+    """
+    copied = [ckpt.path / name for name in COPIED_FILES if (ckpt.path / name).is_file()]
+    if needed is not None:
+        needed += sum(p.stat().st_size for p in copied)
+    with atomic_folder(out, needed) as tmp:
         _write_shards(ckpt, tmp, transform, progress, desc)
         (tmp / CONFIG_FILE).write_text(json.dumps(config, indent=2) + "\n")
-        for name in COPIED_FILES:
-            if (ckpt.path / name).is_file():
-                shutil.copy2(ckpt.path / name, tmp / name)
+        for path in copied:
+            shutil.copy2(path, tmp / path.name)

@@ -40,13 +40,15 @@ def import_checkpoint(model_dir: Path, out_dir: Path, overwrite: bool, quiet: bo
 
 
 def generate(
-    ckpt: Path, prompt: str, sampling: object, chat: bool, device: str | None, dtype: str | None
+    ckpt: Path, prompt: str, sampling: object, chat: bool, device: str | None, dtype: str | None,
+    truncate: bool = False,
 ) -> int:
     from trit import runtime
 
     loaded = runtime.load(ckpt, device=device, dtype=_dtype(dtype))
     stats = runtime.GenerationStats()
-    for piece in runtime.stream(loaded, prompt, sampling, chat=chat, stats=stats):  # type: ignore[arg-type]
+    for piece in runtime.stream(loaded, prompt, sampling, chat=chat, stats=stats,  # type: ignore[arg-type]
+                                truncate=truncate):
         print(piece, end="", flush=True)
     print()
     print(f"[{stats.new_tokens} tokens, {stats.tokens_per_second:.1f} tokens/s on {loaded.device}]", file=sys.stderr)
@@ -189,6 +191,8 @@ def _parser() -> argparse.ArgumentParser:
     g.add_argument("--repetition-penalty", type=float, default=1.0)
     g.add_argument("--seed", type=int, default=None)
     g.add_argument("--chat", action="store_true", help="apply the tokenizer's chat template")
+    g.add_argument("--truncate", action="store_true",
+                   help="a prompt that leaves no room in the model's context: keep its last tokens (default: refuse)")
     runtime_flags(g)
 
     e = sub.add_parser("eval", help="perplexity of a trit or float checkpoint on a text file")
@@ -258,7 +262,7 @@ def _dispatch(args: argparse.Namespace) -> int:
 
         sampling = SamplingOptions(args.max_new_tokens, args.temperature, args.top_p, args.top_k,
                                    args.repetition_penalty, args.seed)
-        return generate(args.ckpt, args.prompt, sampling, args.chat, args.device, args.dtype)
+        return generate(args.ckpt, args.prompt, sampling, args.chat, args.device, args.dtype, args.truncate)
     if args.command == "eval":
         from trit.eval.perplexity import PerplexityOptions
 

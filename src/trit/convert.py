@@ -19,12 +19,13 @@ from pathlib import Path
 import torch
 
 from trit import format as fmt
-from trit.arch import check_architecture, is_decoder_linear
+from trit.arch import check_architecture, check_float_source, is_decoder_linear
 from trit.calibrate import CalibOptions
 from trit.checkpoint import (
     CONFIG_FILE,
     Checkpoint,
     CheckpointError,
+    check_all_finite,
     check_paths,
     open_checkpoint,
     write_checkpoint,
@@ -150,6 +151,20 @@ def _quantize_layer(
     return out
 
 
+def _output_bytes(ckpt: Checkpoint, plan: dict[str, LayerReport], opts: ConvertOptions) -> int:
+    """About how large the output is: ternary layers at their packed size, everything else as it is."""
+    total = 0
+    for name, info in ckpt.tensors.items():
+        layer = plan.get(name.rsplit(".", 1)[0])
+        if layer is not None and layer.action != "kept" and name.endswith(".weight"):
+            (p_shape, s_shape) = fmt.expected_shapes(*layer.shape, opts.group_size)
+            scale_bytes = opts.scale_dtype.torch.itemsize
+            total += opts.planes * (p_shape[0] * p_shape[1] + s_shape[0] * s_shape[1] * scale_bytes)
+        else:
+            total += info.nbytes
+    return total
+
+
 def _trit_config(opts: ConvertOptions, plan: dict[str, LayerReport]) -> fmt.TritConfig:
     kept = sorted(m for m, r in plan.items() if r.action == "kept")
     return fmt.TritConfig(
@@ -184,6 +199,7 @@ def convert(
         raise ConvertError(f"--planes {opts.planes}: trit stores 1 or 2 ternary planes")
     if opts.passes < 1:
         raise ConvertError(f"--passes {opts.passes}: GPTQ needs at least one rounding pass")
+    check_float_source(ckpt)  # every tensor the model needs, of its shape and a float dtype (headers only)
     plan = _plan(ckpt, opts)
     report = ConvertReport(out)
     start = time.perf_counter()
@@ -192,6 +208,7 @@ def convert(
     if Method(opts.method) is Method.GPTQ:
         from trit.calibrate import gptq_model
 
+        check_all_finite(ckpt, progress)  # seconds, before minutes of calibration
         todo = {m for m, r in plan.items() if r.action != "kept"}
         precomputed = gptq_model(ckpt, todo, opts.gptq(), opts.calib, opts.device, progress)
 
@@ -203,7 +220,7 @@ def convert(
         return {name: tensor.contiguous()}
 
     config = dict(ckpt.config, quantization_config=_trit_config(opts, plan).to_dict())
-    write_checkpoint(ckpt, out, transform, config, progress)
+    write_checkpoint(ckpt, out, transform, config, progress, needed=_output_bytes(ckpt, plan, opts))
     report.layers = sorted(plan.values(), key=lambda r: r.name)
     report.seconds = time.perf_counter() - start
     return report

@@ -8,5 +8,9 @@ class TritError(Exception):
     """An input trit refuses (a file, a tensor, a flag): the message names it and says what was expected."""
 
 
+class OptionError(TritError, ValueError):
+    """An option outside the range it allows (a sampling setting, a prompt longer than the context)."""
+
+
 class ConvertError(TritError, ValueError):
     """A conversion (quantize, import, heal) that cannot go ahead, or its output folder; nothing was written."""

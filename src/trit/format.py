@@ -348,6 +348,21 @@ def check_layer(
         raise FormatError(s_name, "positive scales", f"{int((scale <= 0).sum())} zero or negative")
 
 
+def check_padding(name: str, packed: torch.Tensor, in_features: int) -> None:
+    """Refuse padded columns (past the true K) that hold anything but zero weights (code 1)."""
+    if packed.shape[1] * CODES_PER_BYTE == in_features:
+        return
+    pad = unpack_codes(packed)[:, in_features:]
+    if not (pad == 1).all():
+        raise FormatError(name, f"zero weights (code 1) past K={in_features}", f"{int((pad != 1).sum())} other codes")
+
+
+def check_finite(name: str, t: torch.Tensor) -> None:
+    """Refuse a float tensor holding NaN or Inf (a high-precision tensor of a checkpoint: a norm, an embedding)."""
+    if t.is_floating_point() and not torch.isfinite(t).all():
+        raise FormatError(name, "finite values", f"{int((~torch.isfinite(t)).sum())} NaN or Inf")
+
+
 def plane_suffixes(planes: int) -> list[tuple[str, str]]:
     """``(packed, scale)`` tensor suffixes of each plane: ``weight_packed``, then ``weight_packed_2``."""
     return [(PACKED_SUFFIX, SCALE_SUFFIX)] + [(f"{PACKED_SUFFIX}_{p + 1}", f"{SCALE_SUFFIX}_{p + 1}")

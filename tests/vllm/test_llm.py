@@ -40,31 +40,34 @@ def broken(smollm2_trit: Path, tmp_path: Path) -> Path:
     return Path(shutil.copytree(smollm2_trit, tmp_path / "broken"))
 
 
-def test_format_version_2_fails_with_trit_message(broken: Path, tmp_path: Path) -> None:
-    corrupt_config(broken, format_version=2)
+def _last_line(stderr: str) -> str:
+    return [line for line in stderr.splitlines() if line.strip()][-1]
+
+
+@pytest.mark.parametrize(
+    ("edit", "message"),
+    [
+        (lambda c: corrupt_config(c, format_version=2),
+         "config.json: quantization_config.format_version: expected 1 (this trit reads format 1 only), found 2"),
+        # the file's own tensor (up_proj), not the fused gate_up_proj vLLM builds from it
+        (lambda c: rewrite_tensors(c, lambda t: t["model.layers.3.mlp.up_proj.weight_packed"].view(-1)[:2].fill_(0xFF)),
+         "model.layers.3.mlp.up_proj.weight_packed: expected 2-bit codes in {0, 1, 2}, found 8 codes equal to 3"),
+        (lambda c: rewrite_tensors(c, lambda t: t["model.layers.2.self_attn.o_proj.weight_scale"].view(-1)[:3].neg_()),
+         "model.layers.2.self_attn.o_proj.weight_scale: expected positive scales, found 3 zero or negative"),
+        (lambda c: rewrite_tensors(c, lambda t: t.__setitem__(
+            "model.layers.0.self_attn.o_proj.weight_scale", t["model.layers.0.self_attn.o_proj.weight_scale"][:, :4].clone())),
+         "model.layers.0.self_attn.o_proj.weight_scale: expected shape (576, 9) (group size 64), found (576, 4)"),
+        (lambda c: rewrite_tensors(c, lambda t: t["model.layers.5.input_layernorm.weight"].view(-1).__setitem__(
+            7, float("nan"))),
+         "model.layers.5.input_layernorm.weight: expected finite values, found 1 NaN or Inf"),
+    ],
+    ids=["format-version", "code-3", "negative-scale", "scale-shape", "nan-norm"],
+)
+def test_broken_checkpoint_fails_with_one_trit_line(broken: Path, tmp_path: Path, edit, message: str) -> None:
+    """vLLM stops before loading, and its traceback ends with trit's line: the checkpoint and the tensor named."""
+    edit(broken)
     proc = run_llm_script(broken, tmp_path / "o.json")
     assert proc.returncode != 0
-    assert "format_version: expected 1 (this trit reads format 1 only), found 2" in proc.stderr
-
-
-def test_corrupt_codes_fail_with_trit_message(broken: Path, tmp_path: Path) -> None:
-    rewrite_tensors(broken, lambda t: t["model.layers.3.mlp.up_proj.weight_packed"].view(-1)[:2].fill_(0xFF))
-    proc = run_llm_script(broken, tmp_path / "o.json")
-    assert proc.returncode != 0
-    assert "model.layers.3.mlp.gate_up_proj.weight_packed: expected 2-bit codes in {0, 1, 2}, found 8 codes equal to 3" in proc.stderr
-
-
-def test_negative_scales_fail_with_trit_message(broken: Path, tmp_path: Path) -> None:
-    # a real load checks the scales as loaded (only a layer no tensor reached, under load_format=dummy, is mended)
-    rewrite_tensors(broken, lambda t: t["model.layers.2.self_attn.o_proj.weight_scale"].view(-1)[:3].neg_())
-    proc = run_llm_script(broken, tmp_path / "o.json")
-    assert proc.returncode != 0
-    assert "model.layers.2.self_attn.o_proj.weight_scale: expected positive scales, found 3 zero or negative" in proc.stderr
-
-
-def test_wrong_scale_shape_fails_before_loading(broken: Path, tmp_path: Path) -> None:
-    name = "model.layers.0.self_attn.o_proj.weight_scale"
-    rewrite_tensors(broken, lambda t: t.__setitem__(name, t[name][:, :4].clone()))
-    proc = run_llm_script(broken, tmp_path / "o.json")
-    assert proc.returncode != 0
-    assert f"{name}: expected shape (576, 9) (group size 64), found (576, 4)" in proc.stderr
+    last = _last_line(proc.stderr)
+    assert last.startswith("trit.vllm.config.TritCheckpointError: ") and str(broken) in last and last.endswith(message), \
+        proc.stderr[-3000:]

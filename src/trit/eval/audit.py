@@ -121,11 +121,11 @@ def audit(path: str | Path, values: bool = True) -> AuditReport:
                 if values:
                     _guard(codes, _check_codes, names[0], p)
                     _guard(scales, _check_scales, names[1], s, qcfg)
-                    _guard(pads, _check_padding, names[0], p, k)
+                    _guard(pads, fmt.check_padding, names[0], p, k)
         floats = report.check("float tensors finite")
         for name in ckpt.tensors if values else ():
             if not name.endswith(fmt.TERNARY_SUFFIXES):
-                _guard(floats, _check_finite, name, get(name))
+                _guard(floats, fmt.check_finite, name, get(name))
         if not values:  # no values read: these checks did not run, and say so
             report.checks = [c for c in report.checks if c.checked]
     report.bits_per_weight = fmt.bits_per_weight(packed_bytes, scale_bytes, weights)
@@ -167,19 +167,3 @@ def _check_scales(name: str, scale: torch.Tensor, qcfg: fmt.TritConfig) -> None:
         raise fmt.FormatError(name, "finite scales", f"{int((~torch.isfinite(scale)).sum())} NaN or Inf")
     if not (scale > 0).all():
         raise fmt.FormatError(name, "positive scales", f"{int((scale <= 0).sum())} zero or negative")
-
-
-def _check_padding(name: str, packed: torch.Tensor, in_features: int) -> None:
-    if packed.shape[1] * 4 == in_features:
-        return
-    pad = fmt.unpack_codes(packed)[:, in_features:]
-    if not (pad == 1).all():
-        raise fmt.FormatError(
-            name, f"zero weights (code 1) past K={in_features}",
-            f"{int((pad != 1).sum())} other codes",
-        )
-
-
-def _check_finite(name: str, t: torch.Tensor) -> None:
-    if t.is_floating_point() and not torch.isfinite(t).all():
-        raise fmt.FormatError(name, "finite values", f"{int((~torch.isfinite(t)).sum())} NaN or Inf")

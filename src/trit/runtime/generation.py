@@ -10,6 +10,7 @@ from typing import Any
 
 import torch
 
+from trit.errors import OptionError
 from trit.runtime.loader import Loaded
 
 
@@ -17,10 +18,22 @@ from trit.runtime.loader import Loaded
 class SamplingOptions:
     max_new_tokens: int = 64
     temperature: float = 0.0  # 0: greedy
-    top_p: float = 1.0
+    top_p: float = 1.0  # nucleus: the smallest set of tokens whose probability reaches top_p; 1: off
     top_k: int = 0  # 0: off
-    repetition_penalty: float = 1.0
+    repetition_penalty: float = 1.0  # 1: off
     seed: int | None = None
+
+    def __post_init__(self) -> None:
+        checks = (
+            ("--max-new-tokens", self.max_new_tokens, self.max_new_tokens >= 1, "an integer >= 1"),
+            ("--temperature", self.temperature, self.temperature >= 0, ">= 0 (0: greedy)"),
+            ("--top-p", self.top_p, 0 < self.top_p <= 1, "in (0, 1]"),
+            ("--top-k", self.top_k, self.top_k >= 0, "an integer >= 0 (0: off)"),
+            ("--repetition-penalty", self.repetition_penalty, self.repetition_penalty > 0, "> 0 (1: off)"),
+        )
+        for flag, value, ok, allowed in checks:
+            if not ok or value != value:  # value != value: NaN
+                raise OptionError(f"{flag} {value}: must be {allowed}")
 
     def generate_kwargs(self) -> dict[str, Any]:
         kw: dict[str, Any] = {"max_new_tokens": self.max_new_tokens, "repetition_penalty": self.repetition_penalty}
@@ -53,14 +66,38 @@ class GenerationStats:
         return self.new_tokens / self.seconds if self.seconds else 0.0
 
 
+def context_length(loaded: Loaded) -> int | None:
+    """The most positions the model was made for (``max_position_embeddings``), if its config says."""
+    return getattr(loaded.model.config, "max_position_embeddings", None)
+
+
+def fit_context(loaded: Loaded, ids: torch.Tensor, max_new_tokens: int, truncate: bool) -> torch.Tensor:
+    """``ids`` ``(1, T)`` if the prompt and the new tokens fit the context; else its last tokens, or an error."""
+    context = context_length(loaded)
+    if context is None or ids.shape[1] + max_new_tokens <= context:
+        return ids
+    room = context - max_new_tokens
+    if room < 1:
+        raise OptionError(f"--max-new-tokens {max_new_tokens}: the model's context holds {context} tokens in all")
+    if not truncate:
+        raise OptionError(f"the prompt has {ids.shape[1]} tokens; with --max-new-tokens {max_new_tokens} that "
+                          f"exceeds the model's context of {context} tokens: shorten it, or pass --truncate to "
+                          f"keep its last {room} tokens")
+    return ids[:, -room:]
+
+
 def stream(
     loaded: Loaded, prompt: str, options: SamplingOptions = SamplingOptions(), chat: bool = False,
-    stats: GenerationStats | None = None,
+    stats: GenerationStats | None = None, truncate: bool = False,
 ) -> Iterator[str]:
-    """Yield the generated text piece by piece as tokens come; fills ``stats`` when done."""
+    """Yield the generated text piece by piece as tokens come; fills ``stats`` when done.
+
+    A prompt that leaves no room in the model's context for ``max_new_tokens`` is refused, or with
+    ``truncate`` cut to its last tokens.
+    """
     from transformers import TextIteratorStreamer
 
-    ids = encode_prompt(loaded, prompt, chat)
+    ids = fit_context(loaded, encode_prompt(loaded, prompt, chat), options.max_new_tokens, truncate)
     if options.seed is not None:
         torch.manual_seed(options.seed)
     streamer = TextIteratorStreamer(loaded.tokenizer, skip_prompt=True, skip_special_tokens=True)
@@ -93,8 +130,10 @@ def stream(
         stats.seconds = time.perf_counter() - start
 
 
-def generate(loaded: Loaded, prompt: str, options: SamplingOptions = SamplingOptions(), chat: bool = False) -> str:
-    return "".join(stream(loaded, prompt, options, chat))
+def generate(loaded: Loaded, prompt: str, options: SamplingOptions = SamplingOptions(), chat: bool = False,
+             truncate: bool = False) -> str:
+    """The whole generated text (see :func:`stream`)."""
+    return "".join(stream(loaded, prompt, options, chat, truncate=truncate))
 
 
 def greedy_ids(loaded: Loaded, ids: torch.Tensor, max_new_tokens: int) -> torch.Tensor:  # (1, T) -> (1, new)

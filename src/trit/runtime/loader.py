@@ -19,7 +19,7 @@ import torch
 from torch import nn
 
 from trit import format as fmt
-from trit.arch import check_architecture, materialize_buffers, meta_model
+from trit.arch import check_architecture, materialize_buffers, meta_model, tied_names
 from trit.checkpoint import CONFIG_FILE, Checkpoint, open_checkpoint
 from trit.nn import TritLinear, swap_linears, warm_up
 from trit.ops import warm_up_wanted
@@ -84,7 +84,7 @@ def _load_tensors(
     validate: bool,
 ) -> None:
     expected = model.state_dict(keep_vars=True)
-    tied = _tied_names(model)
+    tied = tied_names(model)
     unexpected = sorted(set(ckpt.tensors) - set(expected))
     if unexpected:
         raise fmt.FormatError(unexpected[0], f"a tensor of the {type(model).__name__} model", "an unknown name")
@@ -97,6 +97,8 @@ def _load_tensors(
         for name, info in ckpt.tensors.items():
             t = files[info.shard].get_tensor(name)
             if t.is_floating_point() and name.rsplit(".", 1)[1] not in fmt.TERNARY_SUFFIXES:
+                if validate:
+                    fmt.check_finite(name, t)
                 t = t.to(dtype)
             state[name] = t
     for layer in fmt.layer_names(ckpt.tensors):
@@ -117,11 +119,3 @@ def _load_tensors(
     model.load_state_dict(state, strict=False, assign=True)
     if tied:
         model.tie_weights()
-
-
-def _tied_names(model: nn.Module) -> set[str]:
-    """State-dict names that share storage with another (``lm_head.weight`` under tied embeddings)."""
-    if not getattr(model.config, "tie_word_embeddings", False):
-        return set()
-    out = model.get_output_embeddings()
-    return {f"{n}.weight" for n, m in model.named_modules() if m is out and out is not None}

@@ -44,12 +44,23 @@ import trit.ops  # registers torch.ops.trit.linear; warm_up
 from trit import format as fmt
 from trit.arch import linear_shapes
 from trit.checkpoint import Checkpoint, open_checkpoint
+from trit.errors import TritError
+
+
+class TritCheckpointError(TritError, RuntimeError):
+    """A checkpoint the plugin refuses to load; names the checkpoint folder and the file's own tensor or key.
+
+    Not a ``ValueError``: vLLM builds its config inside a pydantic validator, which would wrap a
+    ``ValueError`` in a ``ValidationError`` and bury the message in its own lines.
+    """
 
 
 class TritVllmConfig(QuantizationConfig):
-    def __init__(self, trit_config: fmt.TritConfig):
+    def __init__(self, trit_config: fmt.TritConfig, error: fmt.FormatError | None = None):
         super().__init__()
         self.trit = trit_config
+        # a quantization_config that failed to parse: raised by maybe_update_config, which knows the file
+        self.error = error
 
     def __repr__(self) -> str:
         return f"TritVllmConfig({self.trit})"
@@ -72,17 +83,32 @@ class TritVllmConfig(QuantizationConfig):
 
     @classmethod
     def from_config(cls, config: dict[str, Any]) -> TritVllmConfig:
-        return cls(fmt.TritConfig.from_dict(config))
+        try:
+            return cls(fmt.TritConfig.from_dict(config))
+        except fmt.FormatError as e:  # vLLM does not say which file this came from: maybe_update_config will
+            return cls(fmt.TritConfig(), error=e)
 
     def maybe_update_config(self, model_name: str, hf_config: Any = None, revision: str | None = None) -> None:
-        """Check the checkpoint's names, dtypes and shapes (headers only) before vLLM loads a byte."""
+        """Check the checkpoint before vLLM loads a byte: the config, every tensor's name, dtype and shape, then
+        its values (codes, scales, padding, finite float tensors), each error naming the file's own tensor.
+
+        vLLM calls this in the process that builds the engine's config, so a refusal is the last line of the
+        traceback the user sees.
+        """
         from pathlib import Path
 
+        if self.error is not None:
+            raise TritCheckpointError(f"{Path(model_name) / 'config.json'}: {self.error}")
         if not Path(model_name).is_dir():
             return  # a hub name: vLLM resolves it later; the load itself still checks values
         if not any(Path(model_name).glob("*.safetensors")):
             return  # a config folder (load_format="dummy"); a real load without weights fails in vLLM's loader
-        check_headers(open_checkpoint(model_name), self.trit)
+        try:
+            ckpt = open_checkpoint(model_name)
+            check_headers(ckpt, self.trit)
+            check_values(ckpt, self.trit)
+        except TritError as e:
+            raise TritCheckpointError(str(e)) from None
 
     def _is_skipped(self, prefix: str) -> bool:
         """Whether vLLM's module ``prefix`` stays in high precision; a fused module must be all or none."""
@@ -98,6 +124,8 @@ class TritVllmConfig(QuantizationConfig):
         return all(kept)
 
     def get_quant_method(self, layer: torch.nn.Module, prefix: str):
+        if self.error is not None:  # maybe_update_config was not called (a vLLM that skips it)
+            raise self.error
         if isinstance(layer, LinearBase):
             if self._is_skipped(prefix):
                 return UnquantizedLinearMethod()
@@ -203,6 +231,35 @@ def check_headers(ckpt: Checkpoint, qcfg: fmt.TritConfig) -> None:
                                 check_values=False, suffixes=suffixes)
             except fmt.FormatError as e:
                 raise fmt.FormatError(f"{where}: {e.name}", e.expected, e.found) from None
+
+
+def check_values(ckpt: Checkpoint, qcfg: fmt.TritConfig) -> None:
+    """Codes in {0, 1, 2}, finite positive scales, zero padding, finite float tensors, read from the files.
+
+    Raises :class:`~trit.format.FormatError` naming the checkpoint folder and the file's own tensor name.
+    """
+    from contextlib import ExitStack
+
+    shapes = linear_shapes(ckpt.config)
+    ternary = set(fmt.layer_names(ckpt.tensors))
+    with ExitStack() as stack:
+        files = ckpt.open_all(stack)
+
+        def get(name: str) -> torch.Tensor:
+            return files[ckpt.tensors[name].shard].get_tensor(name)
+
+        try:
+            for layer in sorted(ternary):
+                _, k = shapes[layer]
+                for suffixes in fmt.plane_suffixes(qcfg.planes):
+                    packed, scale = (get(f"{layer}.{x}") for x in suffixes)
+                    fmt.check_layer(layer, packed, scale, qcfg.group_size, check_values=True, suffixes=suffixes)
+                    fmt.check_padding(f"{layer}.{suffixes[0]}", packed, k)
+            for name in ckpt.tensors:
+                if name.rsplit(".", 1)[1] not in fmt.TERNARY_SUFFIXES:
+                    fmt.check_finite(name, get(name))
+        except fmt.FormatError as e:
+            raise fmt.FormatError(f"{ckpt.path}: {e.name}", e.expected, e.found) from None
 
 
 def shard_k_pad(prefix: str, k: int, k_part: int, group: int) -> int:
