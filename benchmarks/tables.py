@@ -7,6 +7,7 @@
     python benchmarks/tables.py quality   # the headline rows of those files
     python benchmarks/tables.py speedups  # kernels.json summed per model and M
     python benchmarks/tables.py serving   # the headline rows of benchmarks/results/decode/vllm*.json
+    python benchmarks/tables.py serve     # from benchmarks/results/serve/*.json (trit bench serve)
     python benchmarks/tables.py decode    # from benchmarks/results/decode/*.json
     python benchmarks/tables.py decode-plots  # the PNGs beside them (needs matplotlib)
     python benchmarks/tables.py --write   # every marked block of README.md and docs/*.md, in place
@@ -229,6 +230,45 @@ def _speed_table(runs: dict[tuple, dict], with_ttft: bool) -> list[str]:
     return lines
 
 
+def serve() -> str:
+    """``trit bench serve`` runs: vLLM's OpenAI server under load, vLLM's own client, bf16 against trit."""
+    files = sorted((RESULTS / "serve").glob("*.json"))
+    servers = {(sv["model"], sv["weights"]): (sv, json.loads(f.read_text())) for f in files
+               for sv in json.loads(f.read_text())["servers"] if sv["levels"]}
+    lines = ["| model | concurrency | output tok/s bf16 | trit | trit / bf16 | TPOT p50 ms bf16 / trit | "
+             "TPOT p99 ms bf16 / trit | TTFT p50 ms bf16 / trit | failed |", "|---|---|---|---|---|---|---|---|---|"]
+    for model in dict.fromkeys(m for m, _ in servers):
+        b, t = servers.get((model, "bf16"), (None, None))[0], servers.get((model, "trit"), (None, None))[0]
+        levels = {lv["concurrency"]: {} for sv in (b, t) if sv for lv in sv["levels"]}
+        for kind, sv in (("bf16", b), ("trit", t)):
+            for lv in sv["levels"] if sv else ():
+                levels[lv["concurrency"]][kind] = lv
+        for c in sorted(levels):
+            lb, lt = levels[c].get("bf16"), levels[c].get("trit")
+
+            def num(lv, fmt_: str, *path) -> str:
+                if lv is None:
+                    return "-"
+                v = lv
+                for p_ in path:
+                    v = v[p_]
+                return format(v, fmt_)
+
+            ratio = f"x{lt['output_tokens_per_s'] / lb['output_tokens_per_s']:.2f}" if lb and lt else "-"
+            failed = sum(lv["failed"] for lv in (lb, lt) if lv)
+            lines.append(f"| {model} | {c} | {num(lb, '.0f', 'output_tokens_per_s')} | "
+                         f"{num(lt, '.0f', 'output_tokens_per_s')} | {ratio} | {num(lb, '.2f', 'tpot_ms', 'median')} / "
+                         f"{num(lt, '.2f', 'tpot_ms', 'median')} | {num(lb, '.2f', 'tpot_ms', 'p99')} / "
+                         f"{num(lt, '.2f', 'tpot_ms', 'p99')} | {num(lb, '.0f', 'ttft_ms', 'median')} / "
+                         f"{num(lt, '.0f', 'ttft_ms', 'median')} | {failed} |")
+    any_run = next(iter(servers.values()))[1]
+    lines += ["", f"vLLM {any_run['versions'].get('vllm', '?')} OpenAI server (multiprocess engine, CUDA graphs, "
+              f"dummy weights), driven by vLLM's serving benchmark client: random prompts of {any_run['input_len']} "
+              f"tokens, {any_run['output_len']} output tokens each (`--ignore-eos`), {any_run['device']}; "
+              "`benchmarks/results/serve/*.json` hold the commands. `-`: not measured."]
+    return "\n".join(lines)
+
+
 def serving() -> str:
     """The headline: Llama-3-8B and Qwen2-1.5B shapes in vLLM, bf16 against trit, by batch."""
     runs = _decode_runs("vllm")
@@ -323,7 +363,7 @@ def decode_plots() -> str:
     return "wrote " + ", ".join(str(p) for p in sorted(DECODE.glob("decode_*.png")))
 
 
-TABLES = {"kernels": kernels, "speedups": speedups, "serving": serving, "vllm": vllm, "a8": a8, "ptq": ptq, "quality": quality,
+TABLES = {"kernels": kernels, "speedups": speedups, "serving": serving, "serve": serve, "vllm": vllm, "a8": a8, "ptq": ptq, "quality": quality,
           "decode": decode, "decode-plots": decode_plots}
 _BLOCK = re.compile(r"(<!-- table:([\w-]+) -->\n)(.*?)(<!-- /table:\2 -->)", re.S)
 

