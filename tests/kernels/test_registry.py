@@ -13,11 +13,11 @@ def test_choose_kernel_explains_refusals() -> None:
     assert choice.kernel is registry.REFERENCE
     assert any(name == "cpu_words" and "group size 12 is not a multiple of 16" in why for name, why in choice.refused)
     assert "reference: chosen" in choice.explain()
-    assert registry.choose_kernel(registry.Problem(1, 64, 576, 64, "cpu", torch.float32)).kernel is registry.CPU
+    assert registry.choose_kernel(registry.Problem(17, 64, 576, 64, "cpu", torch.float32)).kernel is registry.CPU
 
 
 def test_a_disabled_kernel_is_passed_over_with_its_reason() -> None:
-    problem = registry.Problem(1, 64, 576, 64, "cpu", torch.float32)
+    problem = registry.Problem(17, 64, 576, 64, "cpu", torch.float32)
     try:
         registry.disable("cpu_words")
         choice = registry.choose_kernel(problem)
@@ -28,3 +28,15 @@ def test_a_disabled_kernel_is_passed_over_with_its_reason() -> None:
     assert registry.choose_kernel(problem).kernel is registry.CPU
     with pytest.raises(ValueError, match="no kernel named nope; the kernels are .*cpu_words"):
         registry.disable("nope")
+
+
+def test_the_native_cpu_kernel_takes_decode_sizes_and_says_why_not_others() -> None:
+    from trit.kernels import cpu_native
+
+    if cpu_native.module() is None:
+        pytest.fail(f"the native CPU kernel did not build here: {cpu_native.build_error()}")
+    assert registry.choose_kernel(registry.Problem(1, 64, 576, 64, "cpu", torch.float32)).kernel is registry.NATIVE
+    refused = dict(registry.choose_kernel(registry.Problem(17, 64, 576, 64, "cpu", torch.float32)).refused)
+    assert refused["cpu_native"] == "M = 17 > 16: dequantize + one float matmul is faster there"
+    refused = dict(registry.choose_kernel(registry.Problem(1, 64, 96, 32, "cpu", torch.float32)).refused)
+    assert refused["cpu_native"] == "K_pad = 96 is not a multiple of 64 (one 16-byte chunk of codes)"

@@ -11,6 +11,7 @@ from conftest import corrupt_config, rewrite_tensors
 from vllm_helpers import llm_outputs, logprob_diffs, run_llm_script, runtime_greedy  # noqa: I001
 
 from trit import runtime
+from trit.kernels import registry
 
 # Both engines compute in float32 here; they differ only in kernels and summation order (attention,
 # matmul blocking), which moves a log-prob by about 1e-5 (measured: at most 2.1e-5 on this prompt set).
@@ -30,9 +31,16 @@ def test_greedy_tokens_equal_the_runtime(vllm_outputs: list[dict], smollm2_trit:
 
 
 def test_prompt_logprobs_agree(vllm_outputs: list[dict], smollm2_trit: Path) -> None:
+    """vLLM scores the prompts in one batch (M > 16 rows: the exact dequantize + matmul path); the runtime scores
+    each prompt alone, where the native kernel would take it and round activations to int16 (up to ~7e-3 nats on
+    this model, measured). Compared here on the same exact path; the native kernel has its own tests."""
     loaded = runtime.load(smollm2_trit, device="cpu", dtype=torch.float32)
-    for r in vllm_outputs:
-        assert logprob_diffs(loaded, r).max().item() < LOGPROB_TOL
+    registry.disable("cpu_native")
+    try:
+        for r in vllm_outputs:
+            assert logprob_diffs(loaded, r).max().item() < LOGPROB_TOL
+    finally:
+        registry.disable()
 
 
 @pytest.fixture

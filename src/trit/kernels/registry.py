@@ -18,7 +18,7 @@ from dataclasses import dataclass
 import torch
 
 from trit.format import padded_k
-from trit.kernels import cpu, reference, tuning
+from trit.kernels import cpu, cpu_native, reference, tuning
 from trit.kernels.triton import available as triton_available
 
 
@@ -67,8 +67,15 @@ def _cpu_refuse(p: Problem) -> str | None:
     return cpu.refuse(padded_k(p.k, p.group_size), p.group_size)
 
 
+def _native_refuse(p: Problem) -> str | None:
+    if p.device_type != "cpu":
+        return f"runs on the CPU, not {p.device_type}"
+    return cpu_native.refuse(p.m, padded_k(p.k, p.group_size), p.group_size, p.dtype)
+
+
 REFERENCE = Kernel("reference", lambda p: None, reference.linear, reference.linear_a8)
 CPU = Kernel("cpu_words", _cpu_refuse, cpu.linear)
+NATIVE = Kernel("cpu_native", _native_refuse, cpu_native.linear, cpu_native.linear_a8)
 
 
 @functools.cache
@@ -88,7 +95,7 @@ def _triton_candidates() -> tuple[Kernel, ...]:
 
 def candidates() -> tuple[Kernel, ...]:
     """Every kernel, in the order :func:`choose_kernel` tries them (the Triton ones only where triton is installed)."""
-    return (*_triton_candidates(), CPU, REFERENCE)
+    return (*_triton_candidates(), NATIVE, CPU, REFERENCE)
 
 
 _DISABLED: frozenset[str] = frozenset(n.strip() for n in os.environ.get("TRIT_DISABLE_KERNELS", "").split(",")

@@ -1,0 +1,99 @@
+"""The native CPU kernel: ``cpu_native.cpp``, compiled at first use, cached, with a reason when it cannot be had.
+
+It reads the packed codes directly (no unpacked copy of the weight), rounds
+each token's activations to int16 (int8 by BitNet's rule for W1.58A8) and
+takes the dot products in AVX2 integer multiply-adds, rows shared among
+torch's threads (the C++ file's header says how). It is built with ``torch.utils.cpp_extension`` (g++ and ninja: a pip
+install brings ninja, g++ is the system's) into
+``$TRIT_CACHE/cpu_native/<source hash>-<torch version>``, once; when that
+fails, :func:`refuse` says why and the op falls back to the ``cpu_words``
+path, logging the reason once.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import logging
+import threading
+
+import torch
+
+from trit import format as fmt
+from trit.cache import cache_dir
+
+log = logging.getLogger(__name__)
+SOURCE = __file__.removesuffix(".py") + ".cpp"
+MAX_M = 16  # rows of activations; above, dequantize + one float matmul takes over (cpu_words)
+_LOCK = threading.Lock()
+_STATE: dict = {}  # "module" once built, or "error" once failed
+
+
+def _build():
+    from pathlib import Path
+
+    from torch.utils.cpp_extension import load
+
+    digest = hashlib.sha256(Path(SOURCE).read_bytes()).hexdigest()[:12]
+    build = cache_dir() / "cpu_native" / f"{digest}-torch{torch.__version__.split('+')[0]}"
+    build.mkdir(parents=True, exist_ok=True)
+    return load(name="trit_cpu_native", sources=[SOURCE], extra_cflags=["-O3"], build_directory=str(build),
+                verbose=False)
+
+
+def module():
+    """The compiled extension, built on first use; None (and :func:`build_error` says why) if it cannot be."""
+    with _LOCK:
+        if "module" not in _STATE and "error" not in _STATE:
+            try:
+                mod = _build()
+                if mod.isa() == "none":
+                    raise RuntimeError("this CPU has no AVX2 (with FMA and F16C)")
+                _STATE["module"] = mod
+            except Exception as e:  # noqa: BLE001  (any build or load failure: fall back, say why once)
+                _STATE["error"] = f"{type(e).__name__}: {str(e).strip().splitlines()[-1] if str(e).strip() else e}"
+                log.warning("trit: the native CPU kernel is not available (%s); using the cpu_words path",
+                            _STATE["error"])
+        return _STATE.get("module")
+
+
+def build_error() -> str | None:
+    return _STATE.get("error")
+
+
+def supports_group(group_size: int) -> bool:
+    return group_size == fmt.PER_ROW or (group_size >= 32 and group_size & (group_size - 1) == 0)
+
+
+def refuse(m: int, k_pad: int, group_size: int, dtype: torch.dtype) -> str | None:
+    if dtype not in (torch.float32, torch.bfloat16):
+        return f"activations are {str(dtype).removeprefix('torch.')}; it takes float32 or bf16"
+    if m > MAX_M:
+        return f"M = {m} > {MAX_M}: dequantize + one float matmul is faster there"
+    if k_pad % 64:
+        return f"K_pad = {k_pad} is not a multiple of 64 (one 16-byte chunk of codes)"
+    if not supports_group(group_size):
+        return f"group size {group_size} is not a power of two >= 32"
+    if module() is None:
+        return f"not built: {build_error()}"
+    return None
+
+
+def _run(x: torch.Tensor, packed: torch.Tensor, scale: torch.Tensor, group_size: int, bias, int8: bool):
+    x2 = x.reshape(-1, x.shape[-1]).float().contiguous()  # (M, K)
+    group = fmt.group_width(group_size, packed.shape[1] * fmt.CODES_PER_BYTE)
+    y = module().linear(x2, packed.contiguous(), scale.contiguous(), group, int8)  # (M, N) f32
+    if bias is not None:
+        y += bias.float()
+    return y.to(x.dtype).view(*x.shape[:-1], packed.shape[0])
+
+
+def linear(x: torch.Tensor, packed: torch.Tensor, scale: torch.Tensor, group_size: int,
+           bias: torch.Tensor | None = None) -> torch.Tensor:  # (..., K) -> (..., N)
+    """Activations rounded to int16 per token and 64-input chunk (error about 2**-16 of the chunk's largest)."""
+    return _run(x, packed, scale, group_size, bias, int8=False)
+
+
+def linear_a8(x: torch.Tensor, packed: torch.Tensor, scale: torch.Tensor, group_size: int,
+              bias: torch.Tensor | None = None) -> torch.Tensor:
+    """W1.58A8: activations rounded to int8 per token by BitNet's rule, as :func:`trit.kernels.reference.linear_a8`."""
+    return _run(x, packed, scale, group_size, bias, int8=True)
