@@ -27,6 +27,7 @@ from pathlib import Path
 import torch
 
 from trit import format as fmt
+from trit.bench.guard import DEFAULT_TOLERANCE, Figure, Report, check
 
 SHAPES = {
     "llama3-8b": (("qkv", 6144, 4096), ("o", 4096, 4096), ("gate_up", 28672, 4096), ("down", 4096, 14336)),
@@ -54,6 +55,7 @@ class Row:
     trit_frac_copy_bw: float
     speedup_vs_bf16: float
     rel_err_vs_reference: float
+    trit_us_spread: float | None = None  # (max - min) / median of the replays
 
 
 def copy_bandwidth(gib: float = 2.0) -> float:
@@ -123,7 +125,9 @@ def bench_problem(n: int, k: int, m: int, l2: int, tune: bool) -> dict:
     out = {"tuned": tuned}
     problem = registry.Problem(m, n, k, GROUP, "cuda", torch.bfloat16)
     out["kernel"] = registry.choose_kernel(problem).kernel.name
-    out["trit_us"] = tuning.graph_time_us([_op_call(x, p, s) for p, s in layers])
+    times = tuning.graph_times_us([_op_call(x, p, s) for p, s in layers])
+    out["trit_us"] = times[len(times) // 2]
+    out["trit_us_spread"] = (times[-1] - times[0]) / out["trit_us"]  # over the replays, relative
     w_bytes = n * k * 2
     bf16_copies = copies_for(w_bytes, l2)
     weights = [torch.randn(n, k, device="cuda", dtype=torch.bfloat16) for _ in range(bf16_copies)]
@@ -141,6 +145,16 @@ def bench_problem(n: int, k: int, m: int, l2: int, tune: bool) -> dict:
 
 def _op_call(x, packed, scale):
     return lambda: torch.ops.trit.linear(x, packed, scale, GROUP, None)
+
+
+def guard_report(result: dict) -> Report:
+    """The regression guard's figures of a kernels.json: each problem's time, with its replays' spread."""
+    rep = Report("kernels", result["device"], {"torch": result["torch"].split("+")[0], "triton": result["triton"]},
+                 command=result["command"])
+    for r in result["rows"]:
+        rep.figures[f"{r['model']} {r['layer']} {r['n']}x{r['k']} M={r['m']}"] = Figure(
+            round(r["trit_us"], 3), "us a call", spread=r.get("trit_us_spread"))
+    return rep
 
 
 def write_table(path: Path, tuned: dict, command: str) -> None:
@@ -210,7 +224,8 @@ def _write(out_dir: Path, rows: list[Row], tuned: dict, copy_bw: float, l2: int,
 
 
 def main(out_dir: Path, quick: bool = False, tune: bool = True, tuned_out: Path | None = None,
-         ms: tuple[int, ...] | None = None, tune_ms: tuple[int, ...] | None = None) -> int:
+         ms: tuple[int, ...] | None = None, tune_ms: tuple[int, ...] | None = None, baseline: Path | None = None,
+         write_baseline: Path | None = None, tolerance: float = DEFAULT_TOLERANCE) -> int:
     """Time every (shape, M); tune first the Ms of ``tune_ms`` (all, by default; none without ``tune``).
 
     ``kernels.json`` is rewritten after each problem, so a run stopped part way keeps what it measured.
@@ -237,7 +252,7 @@ def main(out_dir: Path, quick: bool = False, tune: bool = True, tuned_out: Path 
                 row = Row(model, layer, n, k, m, r["kernel"], r["trit_us"], r["bf16_us"], r["reference_us"],
                           r["trit_bytes"], r["bf16_bytes"], r["trit_bytes"] / r["trit_us"] / 1e3,
                           r["bf16_bytes"] / r["bf16_us"] / 1e3, r["trit_bytes"] / (r["trit_us"] * 1e-6) / copy_bw,
-                          r["bf16_us"] / r["trit_us"], r["rel_err_vs_reference"])
+                          r["bf16_us"] / r["trit_us"], r["rel_err_vs_reference"], r["trit_us_spread"])
                 rows.append(row)
                 _write(out_dir, rows, tuned, copy_bw, l2, start)
                 print(f"{model:>10} {layer:>7} {n:>5}x{k:<5} M={m:<4} {row.kernel:>22} trit {row.trit_us:8.2f} us "
@@ -252,4 +267,4 @@ def main(out_dir: Path, quick: bool = False, tune: bool = True, tuned_out: Path 
         print("matplotlib missing: no plot", file=sys.stderr)
     for name, s in result["summed_speedup_vs_bf16"].items():
         print(f"summed over the layers, {name}: x{s:.2f} vs bf16")
-    return 0
+    return check(guard_report(result), baseline, write_baseline, tolerance)

@@ -99,7 +99,13 @@ def remember(kernel: str, problem_key: str, config: Any, persist: bool = True) -
 
 
 def graph_time_us(calls: Sequence[Callable[[], object]], reps: int = 10) -> float:
-    """Median over replays of a CUDA graph that makes every call once, per call, in microseconds.
+    """Median over replays of a CUDA graph that makes every call once, per call, in microseconds."""
+    times = graph_times_us(calls, reps)
+    return times[len(times) // 2]
+
+
+def graph_times_us(calls: Sequence[Callable[[], object]], reps: int = 10) -> list[float]:
+    """Every replay's time (sorted) of a CUDA graph that makes every call once, per call, in microseconds.
 
     A graph removes the host's launch overhead, which would otherwise hide the
     device time of kernels that run for a few microseconds.
@@ -125,7 +131,7 @@ def graph_time_us(calls: Sequence[Callable[[], object]], reps: int = 10) -> floa
         end.record()
         end.synchronize()
         times.append(start.elapsed_time(end) * 1e3 / len(calls))
-    return sorted(times)[len(times) // 2]
+    return sorted(times)
 
 
 def tune(make_calls: Callable[[C], Sequence[Callable[[], object]]], candidates: Sequence[C]) -> tuple[C, float]:
