@@ -1,4 +1,5 @@
-"""``TritLinear``, the ternary ``nn.Linear``, and the function that swaps it into a model."""
+"""``TritLinear``, the ternary ``nn.Linear``, and the function that swaps it into a model; ``W4A8Linear``, the
+W4A8 recipe's layer as a plain-PyTorch reference."""
 
 from __future__ import annotations
 
@@ -73,6 +74,44 @@ def swap_linears(model: nn.Module, names: list[str], config: fmt.TritConfig) -> 
             config.scale_dtype.torch, old.weight.dtype, old.weight.device, config.activation, config.planes,
         )
         setattr(parent, child, new)
+
+
+class W4A8Linear(nn.Module):
+    """A W4A8 int layer computed as vLLM's int8 path computes it, in plain PyTorch (the reference, not fast).
+
+    ``weight``: int4 codes ``(N, K)`` stored one per int8; ``weight_scale``: ``(N, G)`` (``G = 1``: channel-wise)
+    in the model's dtype (:mod:`trit.compressed`). The input is quantized per token to int8 (symmetric, scale
+    ``max|x| / 127``, round half to even), multiplied by the dequantized weight, and scaled back.
+    The float weight is made at the first forward and kept.
+    """
+
+    def __init__(self, in_features: int, out_features: int, groups: int, bias: bool = False,
+                 dtype: torch.dtype | None = None, device: torch.device | str | None = None):
+        super().__init__()
+        if groups < 1 or in_features % groups:
+            raise ValueError(f"{groups} groups do not divide in_features {in_features}")
+        self.in_features, self.out_features, self.groups = in_features, out_features, groups
+        self.register_buffer("weight", torch.empty(out_features, in_features, dtype=torch.int8, device=device))
+        self.register_buffer("weight_scale", torch.empty(out_features, groups, dtype=dtype, device=device))
+        self.bias = nn.Parameter(torch.empty(out_features, dtype=dtype, device=device)) if bias else None
+        self._float: torch.Tensor | None = None
+
+    def dequantized(self) -> torch.Tensor:  # (N, K) float32
+        if self._float is None or self._float.device != self.weight.device:
+            self._float = fmt.apply_scales(self.weight.float(), self.weight_scale.float())
+        return self._float
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        xf = x.float()
+        s = (xf.abs().amax(-1, keepdim=True) / 127).clamp(min=1e-10)
+        xq = torch.clamp(torch.round(xf / s), -128, 127)
+        y = (xq @ self.dequantized().T) * s
+        if self.bias is not None:
+            y = y + self.bias.float()
+        return y.to(x.dtype)
+
+    def extra_repr(self) -> str:
+        return f"in_features={self.in_features}, out_features={self.out_features}, groups={self.groups}"
 
 
 def warm_up(model: nn.Module, dtype: torch.dtype) -> int:

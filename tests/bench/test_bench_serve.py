@@ -16,7 +16,8 @@ def test_serve_benchmark_measures_a_trit_server(tmp_path: Path) -> None:
     out = tmp_path / "serve.json"
     cmd = [sys.executable, "-m", "trit", "bench", "serve", "--models", "tiny", "--weights", "trit",
            "--concurrency", "2", "--input-len", "32", "--output-len", "8", "--num-prompts", "4",
-           "--gpu-memory-utilization", "0.3", "--server-arg=--dtype=float32", "--out", str(out)]
+           "--gpu-memory-utilization", "0.3", "--server-arg=--dtype=float32", "--server-arg=--enforce-eager",
+           "--server-arg=--max-model-len=512", "--out", str(out)]
     proc = subprocess.run(cmd, capture_output=True, text=True, timeout=900)
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
     result = json.loads(out.read_text())

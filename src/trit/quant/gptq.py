@@ -10,7 +10,10 @@ matrix products. Here each column is rounded to its group's ternary grid:
 - one plane: ``{-a, 0, +a}``, ``a`` from the exact TWN fit of the group's
   weights as they stand (error feedback included) when the group starts;
 - two planes: the nine levels ``a1 * t1 + a2 * t2`` from
-  :func:`trit.quant.planes.fit_planes`, fitted the same way.
+  :func:`trit.quant.planes.fit_planes`, fitted the same way;
+- ``int_bits`` (the W4A8 recipe's weights, not ternary): the symmetric integer
+  levels ``a * {-2^(b-1) .. 2^(b-1) - 1}`` with ``a = max|w| / ((2^b - 1) / 2)``
+  (the min-max grid compressed-tensors uses).
 
 ``H`` gets ``damp * mean(diag(H))`` on its diagonal. With ``act_order`` the
 columns go in order of decreasing ``diag(H)``, and each group's grid is fitted
@@ -43,14 +46,26 @@ class GptqOptions:
     # calibration: aim at the float model's outputs, not the weight on quantized inputs (two calibration streams);
     # None: for one plane only, where it measured better (set so on construction)
     float_target: bool | None = None
+    int_bits: int | None = None  # None: ternary planes; b: symmetric b-bit integer levels (one "plane")
 
     def __post_init__(self) -> None:
         if self.float_target is None:
-            object.__setattr__(self, "float_target", self.planes == 1)
+            object.__setattr__(self, "float_target", self.planes == 1 and self.int_bits is None)
+        if self.int_bits is not None and self.planes != 1:
+            raise ValueError("an integer grid is one plane")
 
 
-def fit_grid(w: torch.Tensor, planes: int) -> torch.Tensor:
-    """``(N, g)`` float -> grid scales ``(N, planes)``: TWN for one plane, the joint fit for two."""
+def int_range(bits: int) -> tuple[int, int]:
+    """The codes of a symmetric ``bits``-bit integer grid: ``(-2^(b-1), 2^(b-1) - 1)``."""
+    return -(2 ** (bits - 1)), 2 ** (bits - 1) - 1
+
+
+def fit_grid(w: torch.Tensor, planes: int, int_bits: int | None = None) -> torch.Tensor:
+    """``(N, g)`` float -> grid scales ``(N, planes)``: TWN for one plane, the joint fit for two, min-max
+    for an integer grid."""
+    if int_bits is not None:
+        lo, hi = int_range(int_bits)
+        return (w.abs().amax(dim=1, keepdim=True) / ((hi - lo) / 2)).clamp(min=1e-12)
     if planes == 1:
         return quantize_twn(w, -1).scales  # (N, 1)
     _, scales = fit_planes(w.unsqueeze(1))  # (2, N, 1)
@@ -60,8 +75,15 @@ def fit_grid(w: torch.Tensor, planes: int) -> torch.Tensor:
 _COMBOS = torch.tensor([(a, b) for a in (-1, 0, 1) for b in (-1, 0, 1)], dtype=torch.float32)  # (9, 2)
 
 
-def round_to_grid(col: torch.Tensor, scales: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+def round_to_grid(
+    col: torch.Tensor, scales: torch.Tensor, int_bits: int | None = None
+) -> tuple[torch.Tensor, torch.Tensor]:
     """Nearest grid point per row: ``(N,)`` values, ``(N, P)`` scales -> ``(N,)`` values and ``(N, P)`` codes."""
+    if int_bits is not None:
+        lo, hi = int_range(int_bits)
+        a = scales[:, 0]
+        t = torch.clamp(torch.round(col / a.clamp(min=1e-12)), lo, hi)
+        return a * t, t[:, None]
     if scales.shape[1] == 1:
         a = scales[:, 0]
         t = torch.clamp(torch.round(col / a.clamp(min=1e-12)), -1, 1) * (a > 0)
@@ -123,7 +145,7 @@ def _gptq_pass(weight: torch.Tensor, h: torch.Tensor, dead: torch.Tensor, perm: 
         scales = torch.zeros(n, k // g, opts.planes, device=w.device)
         if static:  # every group's grid from the original weights, before any column moves
             for j in range(k // g):
-                scales[:, j] = fit_grid(w[:, j * g:(j + 1) * g], opts.planes)
+                scales[:, j] = fit_grid(w[:, j * g:(j + 1) * g], opts.planes, opts.int_bits)
     w = w[:, perm]
     codes = torch.zeros(opts.planes, n, k, device=w.device)
     block = opts.block_size if static else g * max(1, opts.block_size // g)  # blocks hold whole groups
@@ -135,8 +157,8 @@ def _gptq_pass(weight: torch.Tensor, h: torch.Tensor, dead: torch.Tensor, perm: 
         for i in range(i2 - i1):
             col = int(perm[i1 + i])
             if not static and col % g == 0:  # a group starts: fit its grid on the weights as they stand now
-                scales[:, col // g] = fit_grid(w1[:, i:i + g], opts.planes)
-            q, t = round_to_grid(w1[:, i], scales[:, col // g])
+                scales[:, col // g] = fit_grid(w1[:, i:i + g], opts.planes, opts.int_bits)
+            q, t = round_to_grid(w1[:, i], scales[:, col // g], opts.int_bits)
             codes[:, :, col] = t.T
             e = (w1[:, i] - q) / hinv1[i, i]
             w1[:, i:] -= e[:, None] * hinv1[i, i:][None, :]
@@ -144,17 +166,20 @@ def _gptq_pass(weight: torch.Tensor, h: torch.Tensor, dead: torch.Tensor, perm: 
         w[:, i2:] -= err1 @ hinv[i1:i2, i2:]
     codes, scales = codes.to(torch.int8), scales.permute(2, 0, 1).contiguous()
     if opts.refit:
-        codes, scales = refit_scales(weight.float(), codes, scales, h)
+        codes, scales = refit_scales(weight.float(), codes, scales, h, flip=opts.int_bits is None)
     return codes, scales
 
 
 def refit_scales(
-    weight: torch.Tensor, codes: torch.Tensor, scales: torch.Tensor, h: torch.Tensor, chunk: int = 64
+    weight: torch.Tensor, codes: torch.Tensor, scales: torch.Tensor, h: torch.Tensor, chunk: int = 64,
+    flip: bool = True,
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """Codes fixed, the scales of each row that minimise its output error: a ``P*G`` least-squares solve.
 
     Row ``n``'s weight is ``sum_{p,g} a[p,g] * b[p,g]`` with ``b[p,g]`` plane ``p``'s codes in group ``g``
-    (zero elsewhere); the best ``a`` solves ``(B H B^T) a = B H w``. A negative solution flips that group's codes.
+    (zero elsewhere); the best ``a`` solves ``(B H B^T) a = B H w``. A negative solution flips that group's codes
+    (ternary codes are symmetric); with ``flip=False`` (an integer grid, whose codes are not: -8 has no +8) that
+    group keeps its scale instead.
     """
     p, n, k = codes.shape
     groups = scales.shape[2]
@@ -170,8 +195,10 @@ def refit_scales(
         a = a + 1e-6 * a.diagonal(dim1=1, dim2=2).mean(-1).clamp(min=1e-12)[:, None, None] * eye
         sol = torch.linalg.solve(a, bh @ weight[r0:r0 + chunk, :, None])[..., 0]  # (c, PG)
         out[:, r0:r0 + chunk] = sol.reshape(-1, p, groups).permute(1, 0, 2)
-    flip = out < 0
-    codes = torch.where(flip.repeat_interleave(k // groups, dim=2), -codes, codes)
+    negative = out < 0
+    if not flip:
+        return codes, torch.where(negative, scales, out)
+    codes = torch.where(negative.repeat_interleave(k // groups, dim=2), -codes, codes)
     return codes, out.abs()
 
 
@@ -206,5 +233,5 @@ def dequantize_planes(codes: torch.Tensor, scales: torch.Tensor) -> torch.Tensor
     return fmt.apply_scales(codes.float(), scales).sum(0)
 
 
-__all__ = ["GptqOptions", "gptq_ternary", "float_target_weight", "output_error", "hessian", "dequantize_planes",
+__all__ = ["GptqOptions", "gptq_ternary", "int_range", "float_target_weight", "output_error", "hessian", "dequantize_planes",
            "round_to_grid"]

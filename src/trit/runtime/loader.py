@@ -5,7 +5,9 @@
 checkpoint tensor by tensor straight to the target device. No float copy of a
 ternary weight is ever made: the codes stay packed, two bits a weight. A float
 Hugging Face checkpoint loads through the same function, so the two can be
-compared by every command.
+compared by every command, and so does a W4A8 checkpoint (compressed-tensors,
+:mod:`trit.compressed`), its layers computed by the plain-PyTorch
+:class:`~trit.nn.W4A8Linear`.
 """
 
 from __future__ import annotations
@@ -18,10 +20,11 @@ from typing import Any
 import torch
 from torch import nn
 
+from trit import compressed
 from trit import format as fmt
-from trit.arch import check_architecture, materialize_buffers, meta_model, tied_names
+from trit.arch import FLOAT_DTYPES, check_architecture, materialize_buffers, meta_model, tied_names
 from trit.checkpoint import CONFIG_FILE, Checkpoint, open_checkpoint
-from trit.nn import TritLinear, swap_linears, warm_up
+from trit.nn import TritLinear, W4A8Linear, swap_linears, warm_up
 from trit.ops import warm_up_wanted
 
 
@@ -29,7 +32,7 @@ from trit.ops import warm_up_wanted
 class Loaded:
     model: nn.Module  # a transformers *ForCausalLM
     tokenizer: Any
-    trit_config: fmt.TritConfig | None  # None for a float checkpoint
+    trit_config: fmt.TritConfig | None  # None for a float (or W4A8) checkpoint
     checkpoint: Checkpoint
 
     @property
@@ -64,8 +67,10 @@ def load(
     dtype = dtype or default_dtype(device)
     ckpt = open_checkpoint(path)
     check_architecture(ckpt.config, str(ckpt.path / CONFIG_FILE))
-    qcfg = ckpt.trit_config()
     tokenizer = AutoTokenizer.from_pretrained(ckpt.path)
+    if compressed.is_w4a8(ckpt.quantization_config):
+        return Loaded(_load_w4a8(ckpt, device, dtype, validate).eval(), tokenizer, None, ckpt)
+    qcfg = ckpt.trit_config()
     if qcfg is None:
         model = AutoModelForCausalLM.from_pretrained(ckpt.path, dtype=dtype).to(device).eval()
         return Loaded(model, tokenizer, None, ckpt)
@@ -79,16 +84,17 @@ def load(
     return Loaded(model.eval(), tokenizer, qcfg, ckpt)
 
 
-def _load_tensors(
-    model: nn.Module, ckpt: Checkpoint, qcfg: fmt.TritConfig, device: torch.device, dtype: torch.dtype,
-    validate: bool,
-) -> None:
+def _read_state(
+    model: nn.Module, ckpt: Checkpoint, device: torch.device, dtype: torch.dtype, validate: bool,
+    keep_dtype: tuple[str, ...] = (),
+) -> dict[str, torch.Tensor]:
+    """Every checkpoint tensor, on ``device``; float ones (but those named ``*.<keep_dtype>``) checked finite and
+    cast to ``dtype``. Refuses a name the model does not have, and a tensor the model needs that is missing."""
     expected = model.state_dict(keep_vars=True)
-    tied = tied_names(model)
     unexpected = sorted(set(ckpt.tensors) - set(expected))
     if unexpected:
         raise fmt.FormatError(unexpected[0], f"a tensor of the {type(model).__name__} model", "an unknown name")
-    missing = sorted(set(expected) - set(ckpt.tensors) - tied)
+    missing = sorted(set(expected) - set(ckpt.tensors) - tied_names(model))
     if missing:
         raise fmt.FormatError(missing[0], "a tensor in the checkpoint", "none")
     state: dict[str, torch.Tensor] = {}
@@ -96,11 +102,31 @@ def _load_tensors(
         files = ckpt.open_all(stack, device=str(device))
         for name, info in ckpt.tensors.items():
             t = files[info.shard].get_tensor(name)
-            if t.is_floating_point() and name.rsplit(".", 1)[1] not in fmt.TERNARY_SUFFIXES:
+            if t.is_floating_point() and name.rsplit(".", 1)[1] not in keep_dtype:
                 if validate:
                     fmt.check_finite(name, t)
                 t = t.to(dtype)
             state[name] = t
+    return state
+
+
+def _load_state(model: nn.Module, state: dict[str, torch.Tensor], skip: tuple[str, ...] = ()) -> None:
+    """Check each tensor's shape (but those named ``*.<skip>``, checked already) and load them into ``model``."""
+    expected = model.state_dict(keep_vars=True)
+    for name, t in state.items():
+        if not name.endswith(skip) and tuple(t.shape) != tuple(expected[name].shape):
+            raise fmt.FormatError(name, f"shape {tuple(expected[name].shape)}", f"{tuple(t.shape)}")
+    tied = tied_names(model)
+    model.load_state_dict(state, strict=False, assign=True)
+    if tied:
+        model.tie_weights()
+
+
+def _load_tensors(
+    model: nn.Module, ckpt: Checkpoint, qcfg: fmt.TritConfig, device: torch.device, dtype: torch.dtype,
+    validate: bool,
+) -> None:
+    state = _read_state(model, ckpt, device, dtype, validate, fmt.TERNARY_SUFFIXES)
     for layer in fmt.layer_names(ckpt.tensors):
         mod = model.get_submodule(layer)
         assert isinstance(mod, TritLinear)
@@ -110,12 +136,37 @@ def _load_tensors(
                 qcfg.group_size, mod.out_features, mod.in_features, check_values=validate,
                 suffixes=(packed_name, scale_name),
             )
-    for name, t in state.items():
-        want = expected[name]
-        if name.endswith(fmt.TERNARY_SUFFIXES):
-            continue
-        if tuple(t.shape) != tuple(want.shape):
-            raise fmt.FormatError(name, f"shape {tuple(want.shape)}", f"{tuple(t.shape)}")
-    model.load_state_dict(state, strict=False, assign=True)
-    if tied:
-        model.tie_weights()
+    _load_state(model, state, fmt.TERNARY_SUFFIXES)
+
+
+def _load_w4a8(ckpt: Checkpoint, device: torch.device, dtype: torch.dtype, validate: bool) -> nn.Module:
+    """A W4A8 (compressed-tensors) checkpoint: each layer with a ``weight_scale`` becomes a :class:`W4A8Linear`."""
+    where = str(ckpt.path / CONFIG_FILE)
+    scheme = compressed.W4A8Scheme.from_dict(ckpt.quantization_config, f"{where}: quantization_config")
+    model = meta_model(ckpt, dtype)
+    for name in sorted(n.removesuffix(".weight_scale") for n in ckpt.tensors if n.endswith(".weight_scale")):
+        old = model.get_submodule(name)
+        if not isinstance(old, nn.Linear):
+            raise fmt.FormatError(f"{name}.weight_scale", "the scale of one of the model's linear layers",
+                                  f"{type(old).__name__} at {name}")
+        n, k = old.out_features, old.in_features
+        groups = 1 if scheme.group_size == compressed.CHANNEL else k // scheme.group_size
+        for suffix, shape, kind in (("weight", (n, k), "I8"), ("weight_scale", (n, groups), None)):
+            info = ckpt.tensors.get(f"{name}.{suffix}")
+            if info is None:
+                raise fmt.FormatError(f"{name}.{suffix}", "a tensor in the checkpoint", "none")
+            dtype_ok = info.dtype == kind if kind else info.dtype in FLOAT_DTYPES
+            if tuple(info.shape) != shape or not dtype_ok:
+                raise fmt.FormatError(f"{name}.{suffix}", f"{'int8' if kind else 'a float'} tensor of shape {shape}",
+                                      f"{info.dtype} {tuple(info.shape)}")
+        parent, _, child = name.rpartition(".")
+        setattr(model.get_submodule(parent), child,
+                W4A8Linear(k, n, groups, old.bias is not None, dtype=dtype, device="meta"))
+    state = _read_state(model, ckpt, device, dtype, validate)
+    if validate:
+        for name, t in state.items():
+            if t.dtype == torch.int8 and (t.min() < -8 or t.max() > 7):
+                raise fmt.FormatError(name, "int4 codes in -8..7", f"values {int(t.min())}..{int(t.max())}")
+    _load_state(model, state)
+    materialize_buffers(model, device)
+    return model

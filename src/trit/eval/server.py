@@ -1,0 +1,93 @@
+"""vLLM's OpenAI server as a child process: started as deployed, awaited, and stopped with its whole group.
+
+``python -m vllm.entrypoints.openai.api_server`` is the process ``vllm serve``
+runs. It starts in a session of its own, so that stopping it (SIGTERM to the
+group, SIGKILL after a grace period) also stops the engine core and workers it
+spawned; its output goes to a log file whose tail is quoted when it fails to
+come up. The host is 127.0.0.1 and the port a free one.
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+import socket
+import subprocess
+import sys
+import time
+import urllib.request
+from pathlib import Path
+
+
+class ServerError(RuntimeError):
+    """The server exited or did not answer ``/health`` in time; the message quotes its log's tail."""
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def healthy(url: str) -> bool:
+    try:
+        with urllib.request.urlopen(f"{url}/health", timeout=2) as r:
+            return r.status == 200
+    except OSError:
+        return False
+
+
+def stop(proc: subprocess.Popen, grace: float = 30) -> None:
+    """SIGTERM to the process group, SIGKILL after ``grace`` seconds."""
+    if proc.poll() is None:
+        os.killpg(proc.pid, signal.SIGTERM)
+        try:
+            proc.wait(timeout=grace)
+        except subprocess.TimeoutExpired:
+            os.killpg(proc.pid, signal.SIGKILL)
+            proc.wait()
+
+
+class VllmServer:
+    """``with VllmServer(model, args, log) as server:`` ``server.url`` answers until the block ends."""
+
+    def __init__(self, model: str | Path, args: list[str], log_path: Path, start_timeout: float = 900,
+                 env: dict[str, str] | None = None):
+        self.port = free_port()
+        self.url = f"http://127.0.0.1:{self.port}"
+        self.args = ["--model", str(model), "--host", "127.0.0.1", "--port", str(self.port), *args]
+        self.log_path, self.start_timeout = log_path, start_timeout
+        self.env = {**os.environ, "TOKENIZERS_PARALLELISM": "false", **(env or {})}
+        self.env.pop("TRITON_INTERPRET", None)
+        self.proc: subprocess.Popen | None = None
+        self.start_seconds = 0.0
+
+    def log_text(self) -> str:
+        return self.log_path.read_text(errors="replace") if self.log_path.is_file() else ""
+
+    def __enter__(self) -> VllmServer:
+        t0 = time.perf_counter()
+        with open(self.log_path, "w") as log:
+            self.proc = subprocess.Popen([sys.executable, "-m", "vllm.entrypoints.openai.api_server", *self.args],
+                                         stdout=log, stderr=subprocess.STDOUT, env=self.env, start_new_session=True)
+        try:
+            while not healthy(self.url):
+                exited = self.proc.poll() is not None
+                if exited or time.perf_counter() - t0 > self.start_timeout:
+                    why = f"exited with status {self.proc.returncode}" if exited else \
+                        f"no answer on /health in {self.start_timeout:.0f} s"
+                    tail = "\n".join(self.log_text().splitlines()[-15:])
+                    raise ServerError(f"the vLLM server {why}; the end of {self.log_path}:\n{tail}")
+                time.sleep(1)
+        except BaseException:
+            stop(self.proc)
+            raise
+        self.start_seconds = time.perf_counter() - t0
+        return self
+
+    def __exit__(self, *exc) -> None:
+        if self.proc is not None:
+            stop(self.proc)
+
+
+__all__ = ["VllmServer", "ServerError", "free_port", "healthy", "stop"]
