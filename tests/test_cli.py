@@ -61,7 +61,7 @@ def _no_output(parent: Path, name: str) -> bool:
 )
 def test_quantize_bad_input(tiny_llama: Path, tmp_path: Path, setup, match: str) -> None:
     setup(tiny_llama)
-    p = trit("quantize", tiny_llama, tmp_path / "o", check=False)
+    p = trit("quantize", tiny_llama, tmp_path / "o", "--method", "absmean", check=False)
     assert p.returncode == 2 and "\ntrit: error: " in "\n" + p.stderr and match in p.stderr, p.stderr
     assert "Traceback" not in p.stderr
     assert _no_output(tmp_path, "o")
@@ -76,13 +76,13 @@ def test_quantize_bad_options(tiny_llama: Path, tmp_path: Path, flags: list[str]
 
 def test_quantize_gptq_defaults_are_the_measured_recipe() -> None:
     """``trit quantize`` defaults to act-order and three passes, as ``ConvertOptions`` does; both can be undone."""
-    from trit.cli import _parser
+    from trit.cli import _parser, convert_options
     from trit.convert import ConvertOptions
 
-    args = _parser().parse_args(["quantize", "m", "o", "--method", "gptq"])
-    assert (args.act_order, args.passes) == (ConvertOptions.act_order, ConvertOptions.passes) == (True, 3)
-    args = _parser().parse_args(["quantize", "m", "o", "--method", "gptq", "--no-act-order", "--passes", "1"])
-    assert (args.act_order, args.passes) == (False, 1)
+    opts = convert_options(_parser().parse_args(["quantize", "m", "o", "--method", "gptq"]))
+    assert opts == ConvertOptions() and (opts.act_order, opts.passes, opts.group_size) == (True, 3, 64)
+    opts = convert_options(_parser().parse_args(["quantize", "m", "o", "--no-act-order", "--passes", "1"]))
+    assert (opts.act_order, opts.passes) == (False, 1)
 
 
 def test_quantize_refuses_out_equal_to_model(tiny_llama: Path) -> None:
@@ -109,3 +109,39 @@ def test_bad_trit_checkpoint(tiny_llama_trit: Path, tmp_path: Path, edit, match:
     assert g.returncode == 2 and match in g.stderr and "Traceback" not in g.stderr, g.stderr
     a = trit("audit", ckpt, check=False)
     assert a.returncode != 0 and match in a.stdout and a.stdout.rstrip().endswith("FAIL")
+
+
+def test_eval_several_corpora_with_their_geometric_mean(tiny_llama_trit: Path, tmp_path: Path) -> None:
+    out = tmp_path / "eval.json"
+    e = trit("eval", tiny_llama_trit, "--ppl", "wikitext2,python", "--seq-len", "64", "--max-windows", "2",
+             "--json", out, "--device", "cpu")
+    lines = e.stdout.strip().splitlines()
+    assert [ln.split(" of ")[1].split(";")[0] for ln in lines[:2]] == ["wikitext2", "python"]
+    assert lines[2].startswith("geometric mean over 2 corpora: ")
+    data = json.loads(out.read_text())
+    ppl = [c["perplexity"] for c in data["corpora"].values()]
+    assert data["geometric_mean"] == pytest.approx((ppl[0] * ppl[1]) ** 0.5)
+    bad = trit("eval", tiny_llama_trit, "--ppl", "wikitext2,nope", check=False)
+    assert bad.returncode == 2 and "nope: no such text file, and not a built-in corpus" in bad.stderr
+
+
+def test_every_command_has_help_with_defaults_and_an_example(capsys: pytest.CaptureFixture[str]) -> None:
+    """In-process (argparse prints the help and exits 0); one real ``--help`` process checks the entry point."""
+    from trit.cli import main
+
+    def help_text(*args: str) -> str:
+        with pytest.raises(SystemExit) as stop:
+            main([*args, "--help"])
+        assert stop.value.code == 0, args
+        return capsys.readouterr().out
+
+    for cmd in ("quantize", "heal", "generate", "eval", "audit", "plan", "demo", "import"):
+        out = help_text(cmd)
+        assert "example:" in out and "trit " + cmd in out, cmd
+    assert "(default: gptq)" in help_text("quantize")
+    bench = help_text("bench")
+    assert all(w in bench for w in ("kernels", "a8", "decode", "serve", "cpu", "memory", "sass", "check"))
+    assert "--concurrency" in help_text("bench", "serve")
+    assert "--engines" in help_text("bench", "decode")
+    assert "--llama-cpp-python" in help_text("bench", "cpu")
+    assert "(default: gptq)" in trit("quantize", "--help").stdout

@@ -87,7 +87,7 @@ def test_full_disk_is_one_line_and_leaves_nothing(src: Path, tmp_path: Path, mon
 
     monkeypatch.setattr(safetensors.torch, "save_file", _disk_full)
     out = tmp_path / "a" / "b" / "out"
-    assert main(["quantize", str(src), str(out), "--group-size", "32", "--quiet"]) == 2
+    assert main(["quantize", str(src), str(out), "--group-size", "32", "--method", "absmean", "--quiet"]) == 2
     err = capsys.readouterr().err.strip().splitlines()
     assert len(err) == 1 and err[0].startswith(f"trit: error: {out}: no space left on device (needed about "), err
     assert " MiB free before writing)" in err[0]
@@ -100,7 +100,7 @@ def test_too_little_free_space_is_refused_before_writing(src: Path, tmp_path: Pa
 
     usage = namedtuple("usage", "total used free")
     monkeypatch.setattr(shutil, "disk_usage", lambda path: usage(10**9, 10**9 - 1000, 1000))
-    assert main(["quantize", str(src), str(tmp_path / "out"), "--group-size", "32", "--quiet"]) == 2
+    assert main(["quantize", str(src), str(tmp_path / "out"), "--group-size", "32", "--method", "absmean", "--quiet"]) == 2
     err = capsys.readouterr().err
     assert re.search(r"out: no space left on device \(needed about [0-9.]+ MiB, 0\.0 MiB free before writing\)$", err.strip()), err
     assert left_behind(tmp_path) == ["src"]
@@ -117,7 +117,7 @@ def test_read_only_output_is_one_line(src: Path, tmp_path: Path, monkeypatch: py
 
     monkeypatch.setattr(Path, "mkdir", mkdir)
     out = tmp_path / "ro" / "out"
-    assert main(["quantize", str(src), str(out), "--group-size", "32", "--quiet"]) == 2
+    assert main(["quantize", str(src), str(out), "--group-size", "32", "--method", "absmean", "--quiet"]) == 2
     err = capsys.readouterr().err.strip().splitlines()
     assert err == [f"trit: error: {out}: cannot write here: Read-only file system"], err
     assert left_behind(tmp_path) == ["src"]
@@ -126,7 +126,7 @@ def test_read_only_output_is_one_line(src: Path, tmp_path: Path, monkeypatch: py
 def test_failed_run_removes_the_parents_it_made(src: Path, tmp_path: Path) -> None:
     """A tensor the write refuses half way: OUT's new parent folders go with the partial output."""
     rewrite_tensors(src, lambda t: t["model.norm.weight"].view(-1).__setitem__(0, float("nan")))
-    p = trit("quantize", src, tmp_path / "x" / "y" / "out", "--group-size", "32", "--quiet", check=False)
+    p = trit("quantize", src, tmp_path / "x" / "y" / "out", "--group-size", "32", "--method", "absmean", "--quiet", check=False)
     refused(p, "'model.norm.weight' holds 1 NaN or Inf")
     assert left_behind(tmp_path) == ["src"]
 

@@ -12,6 +12,7 @@ from trit import runtime
 from trit.convert import ConvertOptions, convert
 from trit.eval.audit import audit
 from trit.heal import HealOptions, heal
+from trit.quant import Method
 
 OPTS = HealOptions(steps=30, lr=3e-3, weight_lr=3e-3, batch=4, seq_len=32, train_samples=16, heldout_samples=4,
                    eval_every=10, device="cpu", scales_first=0)
@@ -23,7 +24,7 @@ def pair(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, Path]:
 
     root = tmp_path_factory.mktemp("heal")
     src = make_checkpoint(root / "float")
-    convert(src, root / "trit", ConvertOptions(group_size=32), progress=False, log=lambda s: None)
+    convert(src, root / "trit", ConvertOptions(method=Method.ABSMEAN, group_size=32), progress=False, log=lambda s: None)
     return src, root / "trit"
 
 
@@ -232,7 +233,7 @@ def test_train_embeddings_writes_them(tmp_path: Path, tie: bool) -> None:
     from trit.synthetic import make_checkpoint
 
     teacher = make_checkpoint(tmp_path / "float", tie=tie)
-    convert(teacher, tmp_path / "trit", ConvertOptions(group_size=32), progress=False, log=lambda s: None)
+    convert(teacher, tmp_path / "trit", ConvertOptions(method=Method.ABSMEAN, group_size=32), progress=False, log=lambda s: None)
     opts = dataclasses.replace(OPTS, freeze_codes=True, train_embeddings=True, weight_lr=1e-2, steps=10)
     report = heal(tmp_path / "trit", teacher, tmp_path / "healed", opts, progress=False, log=lambda s: None)
     assert report.best[0] > 0
@@ -252,7 +253,7 @@ def test_snapshot_copies_a_tied_embedding_once(tmp_path: Path) -> None:
     from trit.synthetic import make_checkpoint
 
     teacher = make_checkpoint(tmp_path / "float", tie=True)
-    convert(teacher, tmp_path / "trit", ConvertOptions(group_size=32), progress=False, log=lambda s: None)
+    convert(teacher, tmp_path / "trit", ConvertOptions(method=Method.ABSMEAN, group_size=32), progress=False, log=lambda s: None)
     student = runtime.load(tmp_path / "trit", device="cpu", dtype=torch.float32, warm=False).model
     qat = heal_module._swap_in_qat(student)
     state, _ = heal_module._snapshot(student, qat)

@@ -16,17 +16,17 @@ SRC = Path(__file__).resolve().parents[1] / "src"
 # lowest first; a unit is a module or a package (all of it)
 LAYERS: list[list[str]] = [
     ["trit.errors", "trit.cache"],
-    ["trit.format"],
+    ["trit.format", "trit.corpora", "trit.compressed"],
     ["trit.checkpoint"],
     ["trit.arch", "trit.smollm2"],
-    ["trit.quant", "trit.kernels.reference", "trit.kernels.cpu", "trit.kernels.tuning"],
+    ["trit.quant", "trit.kernels.reference", "trit.kernels.cpu", "trit.kernels.cpu_native", "trit.kernels.tuning"],
     ["trit.kernels.triton"],
     ["trit.kernels.registry", "trit.kernels"],  # the package's own __init__ is a docstring
     ["trit.ops"],
     ["trit.nn", "trit.vllm"],
-    ["trit.runtime", "trit.synthetic", "trit.calibrate"],
-    ["trit.convert"],
-    ["trit.import_bitnet", "trit.heal"],
+    ["trit.runtime", "trit.synthetic", "trit.calibrate", "trit.hf"],
+    ["trit.convert", "trit.w4a8"],
+    ["trit.import_bitnet", "trit.heal", "trit.api"],
     ["trit.eval"],
     ["trit.bench"],
     ["trit.demo"],

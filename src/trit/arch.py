@@ -22,7 +22,7 @@ import torch
 from torch import nn
 
 from trit import format as fmt
-from trit.checkpoint import Checkpoint, CheckpointError
+from trit.checkpoint import CONFIG_FILE, Checkpoint, CheckpointError, check_paths, open_checkpoint
 
 SUPPORTED_MODEL_TYPES = ("llama", "mistral", "qwen2", "qwen3", "bitnet")
 
@@ -88,6 +88,19 @@ def tied_names(model: nn.Module) -> set[str]:
 
 
 FLOAT_DTYPES = ("F16", "BF16", "F32", "F64")  # safetensors codes of the dtypes a float checkpoint's tensors take
+
+
+def open_float_source(src: Path, out: Path, overwrite: bool) -> Checkpoint:
+    """The checkpoint at ``src``, checked as a quantizer's input: paths that do not clash, a supported
+    architecture, not quantized already (headers only; :func:`check_float_source` checks its tensors)."""
+    check_paths(src, out, overwrite)
+    ckpt = open_checkpoint(src)
+    check_architecture(ckpt.config, str(src / CONFIG_FILE))
+    if ckpt.quantization_config is not None:
+        method = ckpt.quantization_config.get("quant_method", "unknown")
+        hint = "; import it with `trit import`" if method == "bitnet" else "; give a float checkpoint"
+        raise CheckpointError(src / CONFIG_FILE, f"already quantized (quant_method {method!r}){hint}")
+    return ckpt
 
 
 def check_float_source(ckpt: Checkpoint) -> None:

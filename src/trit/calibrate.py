@@ -35,6 +35,7 @@ import torch
 from torch import nn
 from tqdm.auto import tqdm
 
+from trit import corpora
 from trit import format as fmt
 from trit.arch import meta_model
 from trit.checkpoint import Checkpoint, CheckpointError
@@ -47,7 +48,7 @@ STAGES = (("self_attn.q_proj", "self_attn.k_proj", "self_attn.v_proj"), ("self_a
 
 @dataclass(frozen=True)
 class CalibOptions:
-    file: Path | None = None  # text; None: sample from the float model
+    file: Path | str | None = None  # a text file or a built-in corpus name; None: sample from the float model
     samples: int = 32
     seq_len: int = 512
     seed: int = 0
@@ -82,14 +83,22 @@ def sample_from_model(
     return torch.cat(out)
 
 
+def calibration_text(source: str | Path) -> str:
+    """A text file's whole text, or a built-in corpus's calibration half (never its evaluation windows)."""
+    if str(source) in corpora.BUILT_IN:
+        return corpora.halves(corpora.read(source)[1])[1]
+    if not Path(source).is_file():
+        raise CheckpointError(source, f"no such calibration text file (nor a built-in corpus: "
+                                      f"{', '.join(corpora.BUILT_IN)})")
+    return Path(source).read_text()
+
+
 def calibration_ids(ckpt: Checkpoint, opts: CalibOptions, device: str, progress: bool = False) -> torch.Tensor:
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
     tokenizer = AutoTokenizer.from_pretrained(ckpt.path)
     if opts.file is not None:
-        if not Path(opts.file).is_file():
-            raise CheckpointError(opts.file, "no such calibration text file")
-        ids = tokenizer(Path(opts.file).read_text(), return_tensors="pt").input_ids[0]
+        ids = tokenizer(calibration_text(opts.file), return_tensors="pt").input_ids[0]
         return windows_from_text(ids, opts.samples, opts.seq_len)
     model = AutoModelForCausalLM.from_pretrained(ckpt.path, dtype=torch.float32).to(device).eval()
     try:

@@ -14,11 +14,14 @@ from pathlib import Path
 
 from trit import format as fmt
 from trit.calibrate import CalibOptions
-from trit.checkpoint import CheckpointError
 from trit.convert import ConvertOptions
 from trit.errors import TritError
+from trit.eval.gsm8k import Gsm8kOptions
+from trit.eval.perplexity import PerplexityOptions
 from trit.heal import HealOptions
 from trit.quant import Method
+from trit.runtime import SamplingOptions
+from trit.w4a8 import W4A8Options
 
 EXIT_USAGE = 2
 
@@ -29,6 +32,45 @@ def quantize(model_dir: Path, out_dir: Path, opts: ConvertOptions, quiet: bool =
     report = convert(model_dir, out_dir, opts, progress=not quiet)
     print(report.summary())
     return 0
+
+
+def quantize_w4a8_cli(args: argparse.Namespace) -> int:
+    from trit.compressed import parse_group_size
+    from trit.errors import OptionError
+    from trit.w4a8 import quantize_w4a8
+
+    ternary_only = [flag for flag, used in (("--planes", args.planes != 1), ("--keep", bool(args.keep)),
+                                            ("--method", args.method != Method.GPTQ.value),
+                                            ("--float-target", args.float_target is not None)) if used]
+    if ternary_only:
+        raise OptionError(f"{', '.join(ternary_only)}: ternary only; --scheme w4a8 is GPTQ on every decoder linear")
+    opts = W4A8Options(parse_group_size(args.group_size), args.tensor_parallel_size,
+                       CalibOptions(args.calib, args.calib_samples, args.calib_seq_len), args.act_order, args.damp,
+                       W4A8Options.passes if args.passes is None else args.passes, args.device, args.overwrite)
+    print(quantize_w4a8(args.model_dir, args.out_dir, opts, progress=not args.quiet).summary())
+    return 0
+
+
+def convert_options(args: argparse.Namespace) -> ConvertOptions:
+    """``trit quantize``'s flags as :class:`ConvertOptions` (ternary); unset flags take the library's defaults."""
+    return ConvertOptions(
+        method=Method(args.method), group_size=_int_flag(args.group_size, "--group-size"),
+        keep=tuple(k.strip() for k in args.keep.split(",") if k.strip()),
+        pad_policy=fmt.PadPolicy(args.pad), scale_dtype=fmt.ScaleDtype(args.scale_dtype),
+        overwrite=args.overwrite, device=args.device, planes=args.planes,
+        calib=CalibOptions(args.calib, args.calib_samples, args.calib_seq_len),  # a file or a corpus name
+        act_order=args.act_order, damp=args.damp, float_target=args.float_target,
+        passes=ConvertOptions.passes if args.passes is None else args.passes,
+    )
+
+
+def _int_flag(text: str, flag: str) -> int:
+    from trit.errors import OptionError
+
+    try:
+        return int(text)
+    except ValueError:
+        raise OptionError(f"{flag} {text!r}: expected an integer") from None
 
 
 def import_checkpoint(model_dir: Path, out_dir: Path, overwrite: bool, quiet: bool = False) -> int:
@@ -55,18 +97,40 @@ def generate(
     return 0
 
 
-def evaluate(ckpt: Path, ppl_file: Path, opts: object, device: str | None, dtype: str | None) -> int:
-    from trit import runtime
-    from trit.eval.perplexity import perplexity, tokenize_file
+def evaluate(ckpt: Path, corpora: list[str], opts: PerplexityOptions, device: str | None, dtype: str | None,
+             json_out: Path | None = None, gsm8k: Gsm8kOptions | None = None) -> int:
+    import json
+    from dataclasses import asdict
 
-    if not ppl_file.is_file():
-        raise CheckpointError(ppl_file, "no such text file")
-    loaded = runtime.load(ckpt, device=device, dtype=_dtype(dtype))
-    r = perplexity(loaded, tokenize_file(loaded, ppl_file), opts)  # type: ignore[arg-type]
-    print(
-        f"perplexity {r.perplexity:.3f} over {r.tokens_scored} tokens "
-        f"({r.windows} windows, tokens {r.first_token}..{r.last_token} of {ppl_file.name}; {r.seconds:.1f} s)"
-    )
+    from trit.corpora import read
+
+    for name in corpora:
+        read(name)  # every corpus readable before the model loads
+    out: dict = {"checkpoint": str(ckpt)}
+    if corpora:
+        from trit import runtime
+        from trit.eval.perplexity import geometric_mean, perplexities
+
+        loaded = runtime.load(ckpt, device=device, dtype=_dtype(dtype))
+        results = perplexities(loaded, corpora, opts)
+        for label, r in results.items():
+            print(f"perplexity {r.perplexity:.3f} over {r.tokens_scored} tokens "
+                  f"({r.windows} windows, tokens {r.first_token}..{r.last_token} of {label}; {r.seconds:.1f} s)")
+        mean = geometric_mean([r.perplexity for r in results.values()])
+        if len(results) > 1:
+            print(f"geometric mean over {len(results)} corpora: {mean:.3f}")
+        out |= {"options": asdict(opts), "geometric_mean": mean, "corpora": {k: asdict(r) for k, r in results.items()}}
+        del loaded
+    if gsm8k is not None:
+        from trit.eval.gsm8k import run_gsm8k
+
+        g = run_gsm8k(ckpt, gsm8k)
+        scores = ", ".join(f"{k} {v:.3f}" + (f" +- {g.stderr[k]:.3f}" if k in g.stderr else "")
+                           for k, v in g.exact_match.items())
+        print(f"gsm8k {gsm8k.fewshot}-shot exact match over {g.samples} problems: {scores} ({g.seconds:.0f} s)")
+        out["gsm8k"] = asdict(g)
+    if json_out is not None:
+        json_out.write_text(json.dumps(out, indent=1))
     return 0
 
 
@@ -86,128 +150,237 @@ def _dtype(name: str | None):
     return {"bf16": torch.bfloat16, "fp16": torch.float16, "fp32": torch.float32}[name]
 
 
-class _ShowDefaults(argparse.HelpFormatter):
-    """Help that ends each option with its default, where it has one worth showing (not None, not off)."""
+class _Help(argparse.RawDescriptionHelpFormatter):
+    """Descriptions and examples as written; each option ends with its default where it has one worth showing."""
 
     def _get_help_string(self, action: argparse.Action) -> str:
         text = action.help or ""
-        if action.option_strings and action.default not in (None, False, argparse.SUPPRESS) and "default" not in text:
+        if action.option_strings and action.default not in (None, False, "", argparse.SUPPRESS) \
+                and "default" not in text:
             text += " (default: %(default)s)"
         return text
 
 
-def _parser() -> argparse.ArgumentParser:
-    p = argparse.ArgumentParser(prog="trit", description="Ternary language models: quantize, run, serve.")
-    sub = p.add_subparsers(dest="command", required=True)
+def _command(sub, name: str, summary: str, description: str, example: str) -> argparse.ArgumentParser:
+    return sub.add_parser(name, help=summary, description=f"{summary}.\n\n{description}",
+                          epilog=f"example:\n  {example}", formatter_class=_Help)
 
-    q = sub.add_parser("quantize", help="convert a float Hugging Face checkpoint to ternary")
-    q.add_argument("model_dir", type=Path)
-    q.add_argument("out_dir", type=Path)
-    q.add_argument("--method", choices=[m.value for m in Method], default=Method.ABSMEAN.value)
-    q.add_argument("--group-size", type=int, default=ConvertOptions.group_size, help="inputs per scale; -1: one scale per row")
-    q.add_argument("--keep", default="", help="comma-separated modules (globs allowed) kept in high precision")
-    q.add_argument("--pad", choices=[x.value for x in fmt.PadPolicy], default=fmt.PadPolicy.PAD.value,
-                   help="layers whose K is not a multiple of the group: pad with zeros, or keep in high precision")
-    q.add_argument("--scale-dtype", choices=[x.value for x in fmt.ScaleDtype], default="float16")
-    q.add_argument("--planes", type=int, default=1, choices=[1, 2],
-                   help="ternary planes per layer: 2 stores W = a1*T1 + a2*T2 (about 4 bits a weight)")
-    q.add_argument("--calib", type=Path, default=None,
-                   help="gptq: calibration text file (default: text sampled from the float model)")
-    q.add_argument("--calib-samples", type=int, default=32, help="gptq: calibration windows")
-    q.add_argument("--calib-seq-len", type=int, default=512, help="gptq: tokens per window")
-    q.add_argument("--act-order", action=argparse.BooleanOptionalAction, default=ConvertOptions.act_order,
-                   help="gptq: columns by decreasing Hessian diagonal")
-    q.add_argument("--damp", type=float, default=ConvertOptions.damp, help="gptq: damping, a fraction of mean(diag(H))")
-    q.add_argument("--passes", type=int, default=ConvertOptions.passes,
-                   help="gptq: rounding passes; each later pass rounds again onto the scales the one before "
-                        "refitted (each costs one more GPTQ solve a layer, no more forward passes)")
-    q.add_argument("--float-target", action=argparse.BooleanOptionalAction, default=None,
-                   help="gptq: aim each layer at the float model's outputs on float inputs, running the calibration "
-                        "windows through the float model too (default for one plane); --no-float-target: at the "
-                        "float weight on the quantized inputs, as plain GPTQ does (default for two planes)")
-    q.add_argument("--device", default="cpu", help="where the quantizer runs (cpu, cuda)")
+
+def _runtime_flags(a: argparse.ArgumentParser) -> None:
+    a.add_argument("--device", default=None, help="cpu or cuda (default: cuda if present)")
+    a.add_argument("--dtype", choices=["bf16", "fp16", "fp32"], default=None,
+                   help="activation dtype (default: bf16 on a GPU, fp32 on a CPU)")
+
+
+def _quantize_parser(sub) -> None:
+    d = ConvertOptions()
+    q = _command(sub, "quantize", "make a float Hugging Face checkpoint ternary (or W4A8)",
+                 "Methods: gptq (the default) rounds each layer onto its ternary grid with Hessian-aware error\n"
+                 "feedback, on calibration text (--calib FILE, or by default text the float model samples itself);\n"
+                 "absmean is BitNet's naive rounding (instant, and ruinous for a model not trained ternary); twn\n"
+                 "fits each group's threshold and scale exactly, without data. --planes 2 stores two ternary planes\n"
+                 "a layer (about 4.5 bits a weight). Embeddings and lm_head stay in high precision.\n\n"
+                 "--scheme w4a8: int4 GPTQ weights (group or channel scales) and int8 per-token activations,\n"
+                 "written as compressed-tensors for stock vLLM (no plugin); same calibration flags.",
+                 "trit quantize ./SmolLM2-135M ./smollm2-trit --method gptq --planes 2\n"
+                 "  trit quantize ./SmolLM2-135M ./smollm2-w4a8 --scheme w4a8 --group-size 64")
+    q.add_argument("model_dir", type=Path, help="a float checkpoint folder (config.json, safetensors)")
+    q.add_argument("out_dir", type=Path, help="where the checkpoint goes (written atomically)")
+    q.add_argument("--scheme", choices=["ternary", "w4a8"], default="ternary",
+                   help="ternary (trit's format), or W4A8 (compressed-tensors)")
+    q.add_argument("--method", choices=[m.value for m in Method], default=d.method.value,
+                   help="ternary: how to round")
+    q.add_argument("--group-size", default=str(d.group_size),
+                   help="inputs per scale; -1 (ternary) or 'channel' (w4a8): one scale per row")
+    q.add_argument("--tensor-parallel-size", type=int, default=1,
+                   help="w4a8: also check the group against each rank's slice of the row-parallel layers")
+    q.add_argument("--planes", type=int, default=d.planes, choices=[1, 2],
+                   help="ternary planes per layer: 2 stores W = a1*T1 + a2*T2 (about 4.5 bits a weight)")
+    q.add_argument("--keep", default="", help="ternary: comma-separated modules (globs allowed) kept in high precision")
+    q.add_argument("--pad", choices=[x.value for x in fmt.PadPolicy], default=d.pad_policy.value,
+                   help="ternary: layers whose K is not a multiple of the group: pad with zeros, or keep them")
+    q.add_argument("--scale-dtype", choices=[x.value for x in fmt.ScaleDtype], default=d.scale_dtype.value,
+                   help="ternary: the stored scales' dtype (w4a8 stores them in the model's dtype)")
+    g = q.add_argument_group("gptq")
+    g.add_argument("--calib", default=None, metavar="TEXT",
+                   help="calibration text: a file, or a built-in corpus (wikitext2, gsm8k, python: its calibration "
+                        "half); default: text sampled from the float model (data-free)")
+    g.add_argument("--calib-samples", type=int, default=d.calib.samples, help="calibration windows")
+    g.add_argument("--calib-seq-len", type=int, default=d.calib.seq_len, help="tokens per window")
+    g.add_argument("--act-order", action=argparse.BooleanOptionalAction, default=d.act_order,
+                   help="columns by decreasing Hessian diagonal")
+    g.add_argument("--damp", type=float, default=d.damp, help="damping, a fraction of mean(diag(H))")
+    g.add_argument("--passes", type=int, default=None,
+                   help=f"rounding passes; each later pass rounds again onto the scales the one before refitted "
+                        f"(default: {d.passes} ternary, {W4A8Options.passes} w4a8)")
+    g.add_argument("--float-target", action=argparse.BooleanOptionalAction, default=None,
+                   help="aim each layer at the float model's outputs on float inputs (default: for one plane); "
+                        "--no-float-target: plain GPTQ (default for two planes)")
+    g.add_argument("--device", default=d.device, help="where the quantizer runs (cpu, cuda)")
     q.add_argument("--overwrite", action="store_true", help="replace a non-empty OUT_DIR")
-    q.add_argument("--quiet", action="store_true", help="no progress bar")
+    q.add_argument("--quiet", action="store_true", help="no progress bars")
 
-    i = sub.add_parser("import", help="import a natively ternary checkpoint (transformers' BitNet format)")
+
+def _heal_parser(sub) -> None:
+    d = HealOptions()  # one set of defaults: the CLI shows the library's
+    h = _command(sub, "heal", "distil the float model back into a ternary checkpoint (best on a GPU)",
+                 "The student starts at the ternary checkpoint; its latent weights and scales learn to match the\n"
+                 "float teacher's next-token distribution (KL), re-quantized every step; the best student by\n"
+                 "held-out KL is written. Data-free by default (sequences the teacher samples); --data TEXT trains\n"
+                 "on text, --mix-sampled N adds sampled sequences to it.",
+                 "trit heal ./smollm2-trit ./smollm2-healed --teacher ./SmolLM2-135M")
+    h.add_argument("ckpt", type=Path, help="a trit checkpoint (one plane)")
+    h.add_argument("out_dir", type=Path)
+    h.add_argument("--teacher", type=Path, required=True, help="the float checkpoint it was made from")
+    h.add_argument("--steps", type=int, default=d.steps, help="steps of the main phase (codes free)")
+    h.add_argument("--lr", type=float, default=d.lr, help="learning rate of the scales and norms")
+    h.add_argument("--weight-lr", type=float, default=d.weight_lr,
+                   help="learning rate of the latent weights and embeddings")
+    h.add_argument("--train-embeddings", action="store_true", help="the float embeddings and lm_head train too")
+    h.add_argument("--batch", type=int, default=d.batch, help="sequences a step")
+    h.add_argument("--seq-len", type=int, default=d.seq_len, help="tokens a sequence")
+    h.add_argument("--data", type=Path, default=None, help="training text (default: sequences the teacher samples)")
+    h.add_argument("--train-samples", type=int, default=d.train_samples,
+                   help="training sequences (windows of --data, or sampled by the teacher)")
+    h.add_argument("--heldout-samples", type=int, default=d.heldout_samples,
+                   help="held-out sequences the best student is chosen on")
+    h.add_argument("--mix-sampled", type=int, default=d.mix_sampled, metavar="N",
+                   help="with --data: N sequences the teacher samples join the text's training windows")
+    h.add_argument("--sample-batch", type=int, default=d.sample_batch,
+                   help="sequences the teacher samples at once (without --data, or with --mix-sampled)")
+    h.add_argument("--freeze-codes", action="store_true", help="train the scales and norms only; the codes stay")
+    h.add_argument("--scales-first", type=int, default=d.scales_first, metavar="N",
+                   help="first N steps with every code fixed; --steps more from that phase's best state (0: one "
+                        "phase)")
+    h.add_argument("--scales-first-lr", type=float, default=d.scales_first_lr,
+                   help="the scales' learning rate in that first phase")
+    h.add_argument("--eval-every", type=int, default=d.eval_every, help="steps between held-out evaluations")
+    h.add_argument("--grad-checkpointing", action=argparse.BooleanOptionalAction, default=d.grad_checkpointing,
+                   help="recompute activations in the backward pass (less memory, one more forward pass a step)")
+    h.add_argument("--compile", action=argparse.BooleanOptionalAction, default=d.compile,
+                   help="torch.compile the training step (default: on CUDA)")
+    h.add_argument("--device", default=None, help="cpu or cuda (default: cuda if present)")
+    h.add_argument("--overwrite", action="store_true", help="replace a non-empty OUT_DIR")
+    h.add_argument("--quiet", action="store_true", help="no progress bars")
+
+
+def _bench_parser(sub) -> None:
+    from trit.bench import cpu, decode, memory, serve
+
+    b = sub.add_parser("bench", help="GPU benchmarks: kernels, a8, decode, serve (JSON and a plot)",
+                       description="Benchmarks; each writes JSON (with its command) and a plot.", formatter_class=_Help)
+    bsub = b.add_subparsers(dest="what", required=True)
+    k = _command(bsub, "kernels", "trit::linear against bf16 cuBLAS on Llama-3-8B and Qwen2-1.5B layer shapes",
+                 "CUDA-graph replays, weights rotated past the L2, the copy bandwidth of the same run; tunes each\n"
+                 "problem's kernel configs first unless told not to.",
+                 "trit bench kernels --tune-ms 4,16,64 --out benchmarks/results --tuned-out h200.json")
+    k.add_argument("--out", type=Path, default=Path("benchmarks/results"), help="folder for kernels.json/png")
+    k.add_argument("--quick", action="store_true", help="M in {1, 4} only")
+    k.add_argument("--ms", default=None, help="the M values, comma-separated (default: 1,4,16,64,256,2048)")
+    k.add_argument("--no-tune", action="store_true", help="time the configs as they are, without tuning first")
+    k.add_argument("--tune-ms", default=None, help="tune only these M values; the others run the table as it is")
+    k.add_argument("--tuned-out", type=Path, default=None,
+                   help="write the tuned config table here (JSON); an existing table is updated in place")
+    k.add_argument("--baseline", type=Path, default=None,
+                   help="compare each problem's time with this baseline (regression guard); exit 1 on a regression")
+    k.add_argument("--write-baseline", type=Path, default=None, help="record this run as a baseline")
+    k.add_argument("--tolerance", type=float, default=0.05, help="allowed slow-down, relative")
+    c = _command(bsub, "check", "compare a result file already written with a baseline (regression guard)",
+                 "A kernels.json or a trit bench serve JSON: each figure against the same key of the baseline.",
+                 "trit bench check benchmarks/results/kernels.json --baseline benchmarks/baselines/kernels_h200.json")
+    c.add_argument("result", type=Path)
+    c.add_argument("--baseline", type=Path, default=None)
+    c.add_argument("--write-baseline", type=Path, default=None)
+    c.add_argument("--tolerance", type=float, default=0.05, help="allowed growth, relative")
+    a = _command(bsub, "a8", "int8-activation (W1.58A8) prefill against bf16 cuBLAS",
+                 "BitNet-2B and Llama-3-8B shapes, M from 64 to 8192.", "trit bench a8 --out benchmarks/results")
+    a.add_argument("--out", type=Path, default=Path("benchmarks/results"))
+    for name, module, what in (
+            ("decode", decode, "whole models, bf16 against trit, in trit's runtime and in-process vLLM"),
+            ("serve", serve, "vLLM's OpenAI server under load, vLLM's own client, bf16 against trit"),
+            ("memory", memory, "bytes on disk, bits a weight, plan ledgers, quantize's peak RSS (CPU; regression guard)"),
+            ("cpu", cpu, "ternary on the CPU against torch's float and llama.cpp: layers and SmolLM2 end to end")):
+        bsub.add_parser(name, parents=[module.parser(add_help=False)], formatter_class=_Help, help=what,
+                        description=module.__doc__.split("\n\n")[0])
+    bsub.add_parser("sass", help="each GPU kernel compiled for sm_90 offline: registers, loop instructions (CPU; "
+                    "regression guard); trit bench sass --help", add_help=False)
+
+
+def _parser() -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(prog="trit", formatter_class=_Help,
+                                description="Ternary language models: quantize, run, serve.",
+                                epilog="start here:\n  trit demo\n  trit quantize MODEL_DIR OUT_DIR\n"
+                                       "  trit generate OUT_DIR \"Hello\"\n  vllm serve OUT_DIR")
+    sub = p.add_subparsers(dest="command", required=True, metavar="COMMAND")
+    _quantize_parser(sub)
+
+    i = _command(sub, "import", "import a natively ternary checkpoint (transformers' BitNet format)",
+                 "Repacks BitNet's codes along K, carries its scale, records int8 per-token activations.",
+                 "trit import ./bitnet-b1.58-2B-4T ./bitnet-trit")
     i.add_argument("model_dir", type=Path)
     i.add_argument("out_dir", type=Path)
     i.add_argument("--overwrite", action="store_true", help="replace a non-empty OUT_DIR")
     i.add_argument("--quiet", action="store_true", help="no progress bar")
 
-    heal_defaults = HealOptions()  # one set of defaults: the CLI shows the library's
-    h = sub.add_parser("heal", help="quantization-aware distillation of a ternary checkpoint from its float teacher",
-                       formatter_class=_ShowDefaults)
-    h.add_argument("ckpt", type=Path, help="a trit checkpoint (one plane)")
-    h.add_argument("out_dir", type=Path)
-    h.add_argument("--teacher", type=Path, required=True, help="the float checkpoint it was made from")
-    h.add_argument("--steps", type=int, default=heal_defaults.steps, help="steps of the main phase (codes free)")
-    h.add_argument("--lr", type=float, default=heal_defaults.lr, help="learning rate of the scales and norms")
-    h.add_argument("--weight-lr", type=float, default=heal_defaults.weight_lr,
-                   help="learning rate of the latent weights and embeddings")
-    h.add_argument("--train-embeddings", action="store_true", help="the float embeddings and lm_head train too")
-    h.add_argument("--batch", type=int, default=heal_defaults.batch, help="sequences a step")
-    h.add_argument("--seq-len", type=int, default=heal_defaults.seq_len, help="tokens a sequence")
-    h.add_argument("--data", type=Path, default=None, help="training text (default: sequences the teacher samples)")
-    h.add_argument("--train-samples", type=int, default=heal_defaults.train_samples,
-                   help="training sequences (windows of --data, or sampled by the teacher)")
-    h.add_argument("--heldout-samples", type=int, default=heal_defaults.heldout_samples,
-                   help="held-out sequences the best student is chosen on")
-    h.add_argument("--mix-sampled", type=int, default=heal_defaults.mix_sampled, metavar="N",
-                   help="with --data: N sequences the teacher samples join the text's training windows (2048 "
-                        "gave the best measured heal of SmolLM2-135M on a GPU; sampling is slow on a CPU)")
-    h.add_argument("--sample-batch", type=int, default=heal_defaults.sample_batch,
-                   help="sequences the teacher samples at once (without --data, or with --mix-sampled)")
-    h.add_argument("--freeze-codes", action="store_true", help="train the scales and norms only; the codes stay")
-    h.add_argument("--scales-first", type=int, default=heal_defaults.scales_first, metavar="N",
-                   help="first N steps with every code fixed (scales and norms learn, and the embeddings with "
-                        "--train-embeddings); --steps more from that phase's best state (0: one phase)")
-    h.add_argument("--scales-first-lr", type=float, default=heal_defaults.scales_first_lr,
-                   help="the scales' learning rate in that first phase")
-    h.add_argument("--eval-every", type=int, default=heal_defaults.eval_every,
-                   help="steps between held-out evaluations")
-    h.add_argument("--grad-checkpointing", action=argparse.BooleanOptionalAction,
-                   default=heal_defaults.grad_checkpointing,
-                   help="recompute activations in the backward pass (less memory, one more forward pass a step)")
-    h.add_argument("--compile", action=argparse.BooleanOptionalAction, default=heal_defaults.compile,
-                   help="torch.compile the training step: fewer, fused kernels (default: on CUDA; the first step of "
-                        "each phase compiles, about 20 s for SmolLM2-135M on an H200 machine)")
-    h.add_argument("--device", default=None, help="cpu or cuda (default: cuda if present)")
-    h.add_argument("--overwrite", action="store_true", help="replace a non-empty OUT_DIR")
-    h.add_argument("--quiet", action="store_true", help="no progress bars")
+    _heal_parser(sub)
 
-    def runtime_flags(a: argparse.ArgumentParser) -> None:
-        a.add_argument("--device", default=None, help="cpu or cuda (default: cuda if present)")
-        a.add_argument("--dtype", choices=["bf16", "fp16", "fp32"], default=None,
-                       help="activation dtype (default: bf16 on GPU, fp32 on CPU)")
-
-    g = sub.add_parser("generate", help="generate text, streamed")
+    s = SamplingOptions()
+    g = _command(sub, "generate", "generate text from a trit (or float) checkpoint, streamed",
+                 "Greedy by default; --temperature > 0 samples (with --top-p, --top-k).",
+                 "trit generate ./smollm2-trit \"What is the capital of France?\" --chat")
     g.add_argument("ckpt", type=Path)
     g.add_argument("prompt")
-    g.add_argument("--max-new-tokens", type=int, default=64)
-    g.add_argument("--temperature", type=float, default=0.0, help="0: greedy (the default)")
-    g.add_argument("--top-p", type=float, default=1.0)
-    g.add_argument("--top-k", type=int, default=0)
-    g.add_argument("--repetition-penalty", type=float, default=1.0)
+    g.add_argument("--max-new-tokens", type=int, default=s.max_new_tokens, help="at least 1")
+    g.add_argument("--temperature", type=float, default=s.temperature, help="0: greedy; else >= 0")
+    g.add_argument("--top-p", type=float, default=s.top_p, help="in (0, 1]; 1: off")
+    g.add_argument("--top-k", type=int, default=s.top_k, help="0: off")
+    g.add_argument("--repetition-penalty", type=float, default=s.repetition_penalty, help="> 0; 1: off")
     g.add_argument("--seed", type=int, default=None)
     g.add_argument("--chat", action="store_true", help="apply the tokenizer's chat template")
     g.add_argument("--truncate", action="store_true",
                    help="a prompt that leaves no room in the model's context: keep its last tokens (default: refuse)")
-    runtime_flags(g)
+    _runtime_flags(g)
 
-    e = sub.add_parser("eval", help="perplexity of a trit or float checkpoint on a text file")
+    po = PerplexityOptions()
+    ge = Gsm8kOptions()
+    e = _command(sub, "eval", "perplexity on one or more corpora; GSM8K accuracy through vLLM and lm-eval",
+                 "Takes float, trit and W4A8 checkpoints alike. Built-in corpora (shipped with trit): wikitext2\n"
+                 "(prose), gsm8k (maths word problems), python (source code); any other name is a text file.\n"
+                 "Windows of --seq-len tokens from the start of each; with several corpora the geometric mean of\n"
+                 "their perplexities is printed too. --gsm8k serves the checkpoint with vLLM on 127.0.0.1 and runs\n"
+                 "lm-eval's GSM8K task (greedy, exact match) on the GSM8K test set trit ships, offline.",
+                 "trit eval ./smollm2-trit --ppl wikitext2,gsm8k,python\n"
+                 "  trit eval ./smollm2-w4a8 --gsm8k --limit 50")
     e.add_argument("ckpt", type=Path)
-    e.add_argument("--ppl", type=Path, required=True, metavar="FILE", help="text file, e.g. WikiText-2 test")
-    e.add_argument("--seq-len", type=int, default=512)
+    e.add_argument("--ppl", default=None, metavar="CORPORA",
+                   help="comma-separated corpus names or files (default: wikitext2, unless --gsm8k alone)")
+    e.add_argument("--seq-len", type=int, default=po.seq_len)
     e.add_argument("--stride", type=int, default=None, help="default: --seq-len (non-overlapping windows)")
-    e.add_argument("--max-windows", type=int, default=16, help="0: the whole file")
-    e.add_argument("--first-token", type=int, default=0)
-    runtime_flags(e)
+    e.add_argument("--max-windows", type=int, default=po.max_windows, help="0: the whole text")
+    e.add_argument("--first-token", type=int, default=po.first_token)
+    e.add_argument("--json", type=Path, default=None, help="also write the results here")
+    _runtime_flags(e)
+    gg = e.add_argument_group("gsm8k (lm-eval through vLLM's OpenAI server)")
+    gg.add_argument("--gsm8k", action="store_true", help="score GSM8K exact match")
+    gg.add_argument("--limit", type=int, default=ge.limit, help="the first N problems (default: all 1319)")
+    gg.add_argument("--fewshot", type=int, default=ge.fewshot, help="worked examples before each problem")
+    gg.add_argument("--max-gen-toks", type=int, default=ge.max_gen_toks, help="tokens an answer may take")
+    gg.add_argument("--concurrency", type=int, default=ge.concurrency, help="requests in flight")
+    gg.add_argument("--request-timeout", type=float, default=ge.request_timeout, help="seconds a request may take")
+    gg.add_argument("--max-model-len", type=int, default=ge.max_model_len, help="the server's context")
+    gg.add_argument("--server-arg", action="append", default=[], metavar="ARG",
+                    help="one more argument for the vLLM server (repeatable), e.g. --server-arg=--dtype=float32")
+    gg.add_argument("--lm-eval-python", default=None, metavar="PYTHON",
+                    help="the interpreter of an environment with lm-eval (default: this one)")
 
-    a = sub.add_parser("audit", help="reconcile a trit checkpoint: config, tensors, layout, values")
+    a = _command(sub, "audit", "reconcile a trit checkpoint: config, tensors, layout, values",
+                 "Every check is a row; a failure names the tensor. Exit status 1 on any failure.",
+                 "trit audit ./smollm2-trit")
     a.add_argument("ckpt", type=Path)
 
-    pl = sub.add_parser("plan", help="GPU memory ledger: weights, KV cache, activations; does it fit")
+    pl = _command(sub, "plan", "GPU memory ledger of serving a checkpoint: weights, KV cache, activations",
+                  "From the safetensors headers, or from a bare config.json as trit would store it. Exit status 1\n"
+                  "when it does not fit --gpu-mem.", "trit plan ./llama3-8b-trit --gpu-mem 24GiB --batch 4")
     pl.add_argument("ckpt", type=Path, help="a checkpoint folder or a config.json")
     pl.add_argument("--gpu-mem", default="24GiB")
     pl.add_argument("--max-seq-len", type=int, default=8192)
@@ -217,38 +390,21 @@ def _parser() -> argparse.ArgumentParser:
                     help="for a float config: the group trit would use")
     pl.add_argument("--overhead", default="1.5GiB", help="CUDA context, workspaces and graphs (an assumption)")
 
-    d = sub.add_parser("demo", help="SmolLM2-135M: quantize, generate side by side, perplexity, size, speed")
-    d.add_argument("--ppl", type=Path, default=Path("../shared/data/wikitext-2-raw-test.txt"))
+    d = _command(sub, "demo", "SmolLM2-135M: bf16 against ternary, side by side",
+                 "Makes the ternary checkpoints the CPU can make in a few minutes (GPTQ, and naive rounding for\n"
+                 "comparison), then prints their answers, perplexity, size and speed beside bf16's.", "trit demo")
     d.add_argument("--max-new-tokens", type=int, default=48)
-    runtime_flags(d)
+    _runtime_flags(d)
 
-    b = sub.add_parser("bench", help="GPU benchmarks (JSON and a plot)")
-    b.add_argument("what", choices=["kernels", "a8", "decode", "serve"],
-                   help="kernels: trit::linear vs bf16; a8: int8-activation prefill; decode: whole models, "
-                        "runtime and vLLM (its own flags: trit bench decode --help); serve: vLLM's OpenAI server "
-                        "under load, vLLM's own client (trit bench serve --help)")
-    b.add_argument("--out", type=Path, default=Path("benchmarks/results"))
-    b.add_argument("--quick", action="store_true", help="M in {1, 4} only")
-    b.add_argument("--ms", default=None, help="kernels: the M values, comma-separated (default: 1,4,16,64,256,2048)")
-    b.add_argument("--no-tune", action="store_true", help="time the configs as they are, without tuning first")
-    b.add_argument("--tune-ms", default=None,
-                   help="kernels: tune only these M values (comma-separated); the others run the table as it is")
-    b.add_argument("--tuned-out", type=Path, default=None,
-                   help="write the tuned config table here (JSON); an existing table is updated in place")
+    _bench_parser(sub)
     return p
 
 
 def _dispatch(args: argparse.Namespace) -> int:
+    if args.command == "quantize" and args.scheme == "w4a8":
+        return quantize_w4a8_cli(args)
     if args.command == "quantize":
-        opts = ConvertOptions(
-            method=Method(args.method), group_size=args.group_size,
-            keep=tuple(k.strip() for k in args.keep.split(",") if k.strip()),
-            pad_policy=fmt.PadPolicy(args.pad), scale_dtype=fmt.ScaleDtype(args.scale_dtype),
-            overwrite=args.overwrite, device=args.device, planes=args.planes,
-            calib=CalibOptions(args.calib, args.calib_samples, args.calib_seq_len),
-            act_order=args.act_order, damp=args.damp, float_target=args.float_target, passes=args.passes,
-        )
-        return quantize(args.model_dir, args.out_dir, opts, args.quiet)
+        return quantize(args.model_dir, args.out_dir, convert_options(args), args.quiet)
     if args.command == "import":
         return import_checkpoint(args.model_dir, args.out_dir, args.overwrite, args.quiet)
     if args.command == "heal":
@@ -263,16 +419,17 @@ def _dispatch(args: argparse.Namespace) -> int:
         heal(args.ckpt, args.teacher, args.out_dir, opts, overwrite=args.overwrite, progress=not args.quiet)
         return 0
     if args.command == "generate":
-        from trit.runtime import SamplingOptions
-
         sampling = SamplingOptions(args.max_new_tokens, args.temperature, args.top_p, args.top_k,
                                    args.repetition_penalty, args.seed)
         return generate(args.ckpt, args.prompt, sampling, args.chat, args.device, args.dtype, args.truncate)
     if args.command == "eval":
-        from trit.eval.perplexity import PerplexityOptions
-
         opts = PerplexityOptions(args.seq_len, args.stride or 0, args.max_windows, args.first_token)
-        return evaluate(args.ckpt, args.ppl, opts, args.device, args.dtype)
+        ppl = args.ppl if args.ppl is not None else ("" if args.gsm8k else "wikitext2")
+        corpora = [c.strip() for c in ppl.split(",") if c.strip()]
+        gsm8k = Gsm8kOptions(args.limit, args.fewshot, args.max_gen_toks, args.concurrency, args.request_timeout,
+                             args.max_model_len, server_args=tuple(args.server_arg),
+                             lm_eval_python=args.lm_eval_python) if args.gsm8k else None
+        return evaluate(args.ckpt, corpora, opts, args.device, args.dtype, args.json, gsm8k)
     if args.command == "audit":
         return audit(args.ckpt)
     if args.command == "plan":
@@ -286,31 +443,57 @@ def _dispatch(args: argparse.Namespace) -> int:
     if args.command == "demo":
         from trit.demo import demo
 
-        return demo(args.ppl, args.max_new_tokens, args.device, _dtype(args.dtype))
+        return demo(args.max_new_tokens, args.device, _dtype(args.dtype))
     if args.command == "bench" and args.what == "a8":
         from trit.bench.a8 import main as bench_a8
 
         return bench_a8(args.out)
-    if args.command == "bench":
+    if args.command == "bench" and args.what == "kernels":
         from trit.bench.kernels import main as bench_kernels
 
         ms = tuple(int(m) for m in args.ms.split(",")) if args.ms else None
         tune_ms = tuple(int(m) for m in args.tune_ms.split(",")) if args.tune_ms else None
         return bench_kernels(args.out, quick=args.quick, tune=not args.no_tune, tuned_out=args.tuned_out, ms=ms,
-                             tune_ms=tune_ms)
+                             tune_ms=tune_ms, baseline=args.baseline, write_baseline=args.write_baseline,
+                             tolerance=args.tolerance)
+    if args.command == "bench" and args.what == "check":
+        from trit.bench.guard import check
+
+        return check(_report_of(args.result), args.baseline, args.write_baseline, args.tolerance)
     raise AssertionError(args.command)
+
+
+def _report_of(result: Path):
+    """The guard's figures of a result file a benchmark wrote (kernels.json, a trit bench serve JSON, a report)."""
+    import json
+
+    from trit.bench.guard import BaselineError, Report
+
+    if not result.is_file():
+        raise BaselineError(f"{result}: no such result file")
+    data = json.loads(result.read_text())
+    if "rows" in data and "summed_speedup_vs_bf16" in data:
+        from trit.bench.kernels import guard_report
+    elif "servers" in data:
+        from trit.bench.serve import guard_report
+    elif "figures" in data:
+        return Report.from_json(result.read_text())
+    else:
+        raise BaselineError(f"{result}: not a kernels.json, a trit bench serve result or a guard report")
+    return guard_report(data)
 
 
 def main(argv: Sequence[str] | None = None) -> int:
     argv = list(sys.argv[1:] if argv is None else argv)
-    if argv[:2] == ["bench", "decode"]:  # its own flags: ``trit bench decode --help``
-        from trit.bench.decode import main as bench_decode
+    own = {"decode", "serve", "memory", "sass", "cpu"}  # benchmarks that parse (and record) their own argv
+    if argv[:1] == ["bench"] and argv[1:2] and argv[1] in own and (argv[1] == "sass" or not {"-h", "--help"} & set(argv)):
+        import importlib
 
-        return bench_decode(argv[2:])
-    if argv[:2] == ["bench", "serve"]:  # its own flags: ``trit bench serve --help``
-        from trit.bench.serve import main as bench_serve
-
-        return bench_serve(argv[2:])
+        try:
+            return importlib.import_module(f"trit.bench.{argv[1]}").main(argv[2:])
+        except TritError as e:
+            print(f"trit: error: {e}", file=sys.stderr)
+            return EXIT_USAGE
     args = _parser().parse_args(argv)
     try:
         return _dispatch(args)

@@ -19,15 +19,12 @@ from pathlib import Path
 import torch
 
 from trit import format as fmt
-from trit.arch import check_architecture, check_float_source, is_decoder_linear
+from trit.arch import check_float_source, is_decoder_linear, open_float_source
 from trit.calibrate import CalibOptions
 from trit.checkpoint import (
-    CONFIG_FILE,
     Checkpoint,
     CheckpointError,
     check_all_finite,
-    check_paths,
-    open_checkpoint,
     write_checkpoint,
 )
 from trit.errors import ConvertError
@@ -40,7 +37,7 @@ ALWAYS_KEPT = ("model.embed_tokens", "lm_head")
 
 @dataclass(frozen=True)
 class ConvertOptions:
-    method: Method = Method.ABSMEAN
+    method: Method = Method.GPTQ  # calibrated: data-free unless calib names a text
     group_size: int = fmt.DEFAULT_GROUP_SIZE
     keep: tuple[str, ...] = ()  # module names or glob patterns kept in high precision
     pad_policy: fmt.PadPolicy = fmt.PadPolicy.PAD
@@ -188,13 +185,7 @@ def convert(
     opts = options or ConvertOptions()
     fmt.check_group_size(opts.group_size, "--group-size")
     src, out = Path(model_dir), Path(out_dir)
-    check_paths(src, out, opts.overwrite)
-    ckpt = open_checkpoint(src)
-    check_architecture(ckpt.config, str(src / CONFIG_FILE))
-    if ckpt.quantization_config is not None:
-        method = ckpt.quantization_config.get("quant_method", "unknown")
-        hint = "; import it with `trit import`" if method == "bitnet" else "; give a float checkpoint"
-        raise CheckpointError(src / CONFIG_FILE, f"already quantized (quant_method {method!r}){hint}")
+    ckpt = open_float_source(src, out, opts.overwrite)
     if opts.planes not in (1, 2):
         raise ConvertError(f"--planes {opts.planes}: trit stores 1 or 2 ternary planes")
     if opts.passes < 1:

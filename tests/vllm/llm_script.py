@@ -3,8 +3,8 @@
     python llm_script.py CKPT OUT.json [--dtype float32]
 
 Writes the greedy continuations and prompt log-probs of a fixed prompt set as JSON, and beside it
-(``OUT.layers.json``) each linear layer of the model vLLM built, with its quantization method's class
-and the activation rounding the plugin set on it.
+(``OUT.layers.json``) each linear layer of the model vLLM built, with its quantization method's class,
+its scheme's class where the method has one (compressed-tensors), and the activation rounding the plugin set on it.
 """
 
 import json
@@ -16,7 +16,8 @@ PROMPTS = ["The capital of France is", "Hello, my name is", "def fibonacci(n):",
 def linear_layers(model) -> list[dict]:
     from vllm.model_executor.layers.linear import LinearBase
 
-    return [{"name": name, "method": type(m.quant_method).__name__, "act_int8": getattr(m, "trit_act_int8", None)}
+    return [{"name": name, "method": type(m.quant_method).__name__, "act_int8": getattr(m, "trit_act_int8", None),
+             "scheme": type(m.scheme).__name__ if hasattr(m, "scheme") else None}
             for name, m in model.named_modules() if isinstance(m, LinearBase)]
 
 

@@ -378,8 +378,10 @@ def _spawn(args: argparse.Namespace, worker: str, model: str, weights: str, extr
         return json.loads(out.read_text())
 
 
-def main(argv: list[str] | None = None) -> int:
-    ap = argparse.ArgumentParser(prog="trit bench decode", description=__doc__.split("\n")[0])
+def parser(add_help: bool = True) -> argparse.ArgumentParser:
+    """``trit bench decode``'s flags (also the CLI's ``bench decode`` sub-command, for its help)."""
+    ap = argparse.ArgumentParser(prog="trit bench decode", description=__doc__.split("\n")[0], add_help=add_help,
+                                 formatter_class=argparse.ArgumentDefaultsHelpFormatter)
     ap.add_argument("--engines", default="runtime,vllm")
     ap.add_argument("--models", default="llama3-8b,qwen2-1.5b,27b", help=f"of {', '.join(SHAPES)}")
     ap.add_argument("--weights", default=",".join(WEIGHTS))
@@ -396,6 +398,11 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--worker", choices=["runtime", "vllm", "cold"], help=argparse.SUPPRESS)
     ap.add_argument("--result", type=Path, help=argparse.SUPPRESS)
     ap.add_argument("--started", type=float, default=0.0, help=argparse.SUPPRESS)
+    return ap
+
+
+def main(argv: list[str] | None = None) -> int:
+    ap = parser()
     args = ap.parse_args(argv)
     if args.worker:
         return _worker_main(args)

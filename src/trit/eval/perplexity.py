@@ -61,8 +61,28 @@ def windows(n_tokens: int, opts: PerplexityOptions) -> list[tuple[int, int, int]
 
 
 def tokenize_file(loaded: Loaded, path: str | Path) -> torch.Tensor:  # (T,) int64
-    text = Path(path).read_text(encoding="utf-8")
+    return tokenize_text(loaded, Path(path).read_text(encoding="utf-8"))
+
+
+def tokenize_text(loaded: Loaded, text: str) -> torch.Tensor:  # (T,) int64
     return loaded.tokenizer(text, return_tensors="pt", add_special_tokens=False).input_ids[0]
+
+
+def perplexities(loaded: Loaded, corpora: list[str], opts: PerplexityOptions = PerplexityOptions(),
+                 progress: bool = True) -> dict[str, PerplexityResult]:
+    """Perplexity on each corpus (a built-in name of :mod:`trit.eval.corpora`, or a text file), same windows."""
+    from trit.corpora import read
+
+    out = {}
+    for name in corpora:
+        label, text = read(name)
+        out[label] = perplexity(loaded, tokenize_text(loaded, text), opts, progress)
+    return out
+
+
+def geometric_mean(values: list[float]) -> float:
+    """The geometric mean: for perplexities, the exponential of the mean per-corpus loss."""
+    return math.exp(sum(math.log(v) for v in values) / len(values))
 
 
 def perplexity(
