@@ -8,6 +8,9 @@
     python benchmarks/tables.py speedups  # kernels.json summed per model and M
     python benchmarks/tables.py serving   # the headline rows of benchmarks/results/decode/vllm*.json
     python benchmarks/tables.py serve     # from benchmarks/results/serve/*.json (trit bench serve)
+    python benchmarks/tables.py cpu       # from benchmarks/results/cpu.json (trit bench cpu)
+    python benchmarks/tables.py cpu-models  # its end-to-end rows alone (the README's)
+    python benchmarks/tables.py domains   # from benchmarks/results/quality_domains_cpu.json (quality_domains.py)
     python benchmarks/tables.py decode    # from benchmarks/results/decode/*.json
     python benchmarks/tables.py decode-plots  # the PNGs beside them (needs matplotlib)
     python benchmarks/tables.py --write   # every marked block of README.md and docs/*.md, in place
@@ -269,6 +272,82 @@ def serve() -> str:
     return "\n".join(lines)
 
 
+def cpu() -> str:
+    """``trit bench cpu``: the native kernel per layer shape, and SmolLM2 end to end against torch and llama.cpp."""
+    d = json.loads((RESULTS / "cpu.json").read_text())
+    bw = d["copy_bandwidth_bytes_per_s"] / 1e9
+    lines = [f"Llama-3-8B layer shapes on {d['threads']} CPU threads ({d['device']}, torch {d['torch']}; copy "
+             f"bandwidth {bw:.1f} GB/s in the run), ms a call (median):", "",
+             "| layer (N x K) | M | trit (kernel) | GB/s | of copy | torch fp32 | torch bf16 | trit / best float |",
+             "|---|---|---|---|---|---|---|---|"]
+    for r in d["layers"]:
+        lines.append(f"| {r['layer']} ({r['n']}x{r['k']}) | {r['m']} | {r['trit_ms']:.2f} ({r['kernel']}) | "
+                     f"{r['trit_gbps']:.1f} | {r['frac_copy_bw']:.0%} | {r['fp32_ms']:.2f} | {r['bf16_ms']:.2f} | "
+                     f"x{r['speedup_vs_best_float']:.1f} |")
+    lines += ["", *_cpu_models(d)]
+    lines += ["", f"`{d['command']}` (`benchmarks/results/cpu.json`)."]
+    return "\n".join(lines)
+
+
+def _cpu_models(d: dict) -> list[str]:
+    models = [m for m in d["models"] if "error" not in m]
+    if not models:
+        return []
+    lines = [f"SmolLM2-135M-Instruct end to end on {d['threads']} CPU threads, tokens/s (greedy decode of 64 tokens "
+             "after a 64-token prompt; prefill of 512 tokens):", "",
+             "| engine | weights | prefill | decode, batch 1 | decode, batch 4 | peak RSS MiB |",
+             "|---|---|---|---|---|---|"]
+    for m in models:
+        b4 = f"{m['decode_tok_s_b4']:.1f}" if m.get("decode_tok_s_b4") else "-"
+        prefill = f"{m['prefill_tok_s']:.0f}" if m.get("prefill_tok_s") else "-"
+        rss = f"{m['peak_rss_mib']:.0f}" if m.get("peak_rss_mib") else "-"
+        engine = {"torch": "transformers (torch)", "trit": "trit runtime"}.get(m["engine"], m["engine"])
+        weights = {"bf16": "bf16 (computed in float32)", "trit": "ternary, group 64"}.get(m["weights"], m["weights"])
+        lines.append(f"| {engine} | {weights} | {prefill} | {m['decode_tok_s_b1']:.1f} | {b4} | {rss} |")
+    return lines
+
+
+def cpu_models() -> str:
+    """The README's CPU table: SmolLM2 end to end, torch float against trit and llama.cpp."""
+    d = json.loads((RESULTS / "cpu.json").read_text())
+    return "\n".join([*_cpu_models(d), "", f"{d['device']}; `{d['command']}` (`benchmarks/results/cpu.json`)."])
+
+
+def domains() -> str:
+    """``benchmarks/quality_domains.py``: perplexity per domain and its geometric mean, GSM8K where scored."""
+    d = json.loads((RESULTS / "quality_domains_cpu.json").read_text())
+    corpora = d["corpora"]
+    gsm = any("gsm8k" in r for r in d["rows"])
+    head = ["variant", *[f"{c} ppl (x bf16)" for c in corpora], "geo. mean (x bf16)", "bits a weight", "MiB"]
+    head += ["GSM8K exact match (flexible)"] if gsm else []
+    bf16 = next((r for r in d["rows"] if r["variant"] == "bf16"), None)
+    lines = ["| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
+    for r in d["rows"]:
+        ratio = {c: r["perplexity"][c] / bf16["perplexity"][c] for c in corpora} if bf16 else {}
+        cells = [f"{r['variant']}"]
+        cells += [f"{r['perplexity'][c]:.4g} (x{ratio[c]:.3g})" if c in ratio else f"{r['perplexity'][c]:.4g}"
+                  for c in corpora]
+        gm = r["geometric_mean"] / bf16["geometric_mean"] if bf16 else None
+        cells.append(f"{r['geometric_mean']:.4g}" + (f" (x{gm:.3g})" if gm is not None else ""))
+        cells.append(f"{r['bits_per_weight']:.2f}" if r.get("bits_per_weight") else "16 (bf16)")
+        cells.append(f"{r['size_mib']:.0f}")
+        if gsm:
+            g = r.get("gsm8k")
+            cells.append("-" if g is None else "error" if "error" in g else
+                         f"{g['exact_match']['flexible-extract']:.2f} ± {g['stderr']['flexible-extract']:.2f} "
+                         f"(first {g['limit']}, 5-shot)")
+        lines.append("| " + " | ".join(cells) + " |")
+    commands = "".join(f"{r['variant']}: `{r['command']}`; " for r in d["rows"] if r.get("command"))
+    asked = re.search(r"--variants (\S+)", d["command"])
+    missing = [v for v in (asked.group(1).split(",") if asked else []) if v not in {r["variant"] for r in d["rows"]}]
+    if missing:
+        commands += f"not finished in this run (no row): {', '.join(missing)}; "
+    lines += ["", f"{d['eval'].capitalize()}; {d['device']} ({d['host']}), torch {d['torch']}; calibration "
+              f"checked disjoint from every evaluation window. {commands}"
+              f"`{d['command']}` (`benchmarks/results/quality_domains_cpu.json`)."]
+    return "\n".join(lines)
+
+
 def serving() -> str:
     """The headline: Llama-3-8B and Qwen2-1.5B shapes in vLLM, bf16 against trit, by batch."""
     runs = _decode_runs("vllm")
@@ -363,8 +442,8 @@ def decode_plots() -> str:
     return "wrote " + ", ".join(str(p) for p in sorted(DECODE.glob("decode_*.png")))
 
 
-TABLES = {"kernels": kernels, "speedups": speedups, "serving": serving, "serve": serve, "vllm": vllm, "a8": a8, "ptq": ptq, "quality": quality,
-          "decode": decode, "decode-plots": decode_plots}
+TABLES = {"kernels": kernels, "speedups": speedups, "serving": serving, "serve": serve, "cpu": cpu, "cpu-models": cpu_models, "domains": domains,
+          "vllm": vllm, "a8": a8, "ptq": ptq, "quality": quality, "decode": decode, "decode-plots": decode_plots}
 _BLOCK = re.compile(r"(<!-- table:([\w-]+) -->\n)(.*?)(<!-- /table:\2 -->)", re.S)
 
 

