@@ -1,0 +1,156 @@
+"""Quality away from WikiText: SmolLM2-135M made ternary (and W4A8) with trit's defaults, scored on three domains.
+
+    PYTHONPATH=src python benchmarks/quality_domains.py --out benchmarks/results/quality_domains_cpu.json \
+        [--variants bf16,absmean,gptq,gptq-2planes,w4a8-g64,w4a8-channel] [--device cpu] [--work DIR] \
+        [--gsm8k-limit N [--gsm8k-variants bf16,gptq]]
+
+Each variant is made the way a user makes it (the equivalent ``trit quantize``
+command is in its row), with data-free calibration unless the variant names
+a text; each is scored with ``trit eval --ppl wikitext2,gsm8k,python``'s code
+(the first 16 windows of 512 tokens of each corpus's evaluation half), and the
+geometric mean over the three is the figure recipes are chosen on. The
+calibration windows a variant used are rebuilt (same seed, same model) and
+checked to share no 32-token sequence with any corpus's evaluation windows
+before a row is reported. Each row also records its size on disk and bits a
+quantized weight (scales included). With ``--gsm8k-limit N`` the variants named
+by ``--gsm8k-variants`` are also scored on the first N GSM8K problems, 5-shot,
+through vLLM and lm-eval (``trit eval --gsm8k``'s code), on this machine's vLLM.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import platform
+import sys
+import time
+from pathlib import Path
+
+import torch
+
+CORPORA = ("wikitext2", "gsm8k", "python")
+# name: the trit quantize flags (None: the float model)
+VARIANTS = {
+    "bf16": None,
+    "absmean": ["--method", "absmean"],
+    "gptq": ["--method", "gptq"],  # the default recipe: one plane, data-free, act-order, 3 passes, float target
+    "gptq-2planes": ["--method", "gptq", "--planes", "2"],
+    "gptq-calib-python": ["--method", "gptq", "--calib", "python"],
+    "gptq-128samples": ["--method", "gptq", "--calib-samples", "128"],
+    "w4a8-g64": ["--scheme", "w4a8", "--group-size", "64"],  # int4 GPTQ weights, int8 per-token activations
+    "w4a8-channel": ["--scheme", "w4a8", "--group-size", "channel"],
+}
+
+
+def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("--out", type=Path, required=True)
+    ap.add_argument("--variants", default="bf16,absmean,gptq,gptq-2planes")
+    ap.add_argument("--device", default="cpu", help="where GPTQ and the evaluation run")
+    ap.add_argument("--work", type=Path, default=None, help="keep (and reuse) the checkpoints here")
+    ap.add_argument("--max-windows", type=int, default=16)
+    ap.add_argument("--gsm8k-limit", type=int, default=0, help="GSM8K problems a variant (0: none)")
+    ap.add_argument("--gsm8k-variants", default="bf16,gptq", help="the variants scored on GSM8K")
+    return ap.parse_args(argv)
+
+
+def _size(path: Path) -> tuple[float, float | None]:
+    """Size on disk (MiB, safetensors) and bits a quantized weight (codes at their stored width, scales included;
+    W4A8 codes counted at 4 bits, as served), None for a float checkpoint."""
+    from trit import compressed
+    from trit.checkpoint import open_checkpoint
+
+    ckpt = open_checkpoint(path)
+    size = sum(s.stat().st_size for s in ckpt.shards) / 2**20
+    if ckpt.quantization_config is None:
+        return size, None
+    if compressed.is_w4a8(ckpt.quantization_config):
+        scales = [n.removesuffix("_scale") for n in ckpt.tensors if n.endswith(".weight_scale")]
+        weights = sum(ckpt.tensors[n].meta().numel() for n in scales)
+        scale_bits = sum(8 * ckpt.tensors[f"{n}_scale"].nbytes for n in scales)
+        return size, (4 * weights + scale_bits) / weights
+    from trit.eval.audit import audit
+
+    return size, audit(path, values=False).bits_per_weight
+
+
+def _calibration_ids(float_dir: Path, flags: list[str], device: str) -> torch.Tensor:
+    from trit.calibrate import CalibOptions, calibration_ids
+    from trit.checkpoint import open_checkpoint
+
+    def flag(name: str, default):
+        return type(default)(flags[flags.index(name) + 1]) if name in flags else default
+
+    calib = CalibOptions(flags[flags.index("--calib") + 1] if "--calib" in flags else None,
+                         flag("--calib-samples", CalibOptions.samples), flag("--calib-seq-len", CalibOptions.seq_len))
+    return calibration_ids(open_checkpoint(float_dir), calib, device)
+
+
+def main() -> int:
+    args = parse_args()
+    from trit import runtime, smollm2
+    from trit.cli import main as trit_main
+    from trit.corpora import halves, read
+    from trit.eval.overlap import check_disjoint
+    from trit.eval.perplexity import PerplexityOptions, geometric_mean, perplexity, tokenize_text
+
+    float_dir = smollm2.float_checkpoint()
+    work = args.work or Path(f"/tmp/trit-quality-{int(time.time())}")
+    opts = PerplexityOptions(max_windows=args.max_windows)
+    result = {"command": " ".join(["benchmarks/quality_domains.py", *sys.argv[1:]]), "model": smollm2.MODEL_NAME,
+              "device": args.device, "host": platform.processor() or platform.machine(),
+              "torch": torch.__version__, "corpora": list(CORPORA),
+              "eval": f"the first {opts.max_windows} windows of {opts.seq_len} tokens of each corpus's evaluation half",
+              "rows": []}
+    texts = {name: halves(read(name)[1])[0] for name in CORPORA}
+    for name in args.variants.split(","):
+        flags = VARIANTS[name]
+        path, seconds = float_dir, 0.0
+        if flags is not None:
+            path = work / name
+            if not (path / "config.json").is_file():
+                t = time.perf_counter()
+                code = trit_main(["quantize", str(float_dir), str(path), *flags, "--device", args.device, "--quiet"])
+                if code:
+                    raise SystemExit(f"{name}: trit quantize exited {code}")
+                seconds = time.perf_counter() - t
+        loaded = runtime.load(path, device=args.device, dtype=torch.float32)
+        windows = {c: tokenize_text(loaded, texts[c]) for c in CORPORA}
+        calibrated = "--scheme" in flags or ("--method" in flags and flags[flags.index("--method") + 1] == "gptq") \
+            if flags is not None else False
+        if calibrated:
+            calib = _calibration_ids(float_dir, flags, args.device)
+            for c in CORPORA:
+                spans = windows[c][: opts.seq_len * opts.max_windows]
+                check_disjoint(calib, spans, f"{name}: calibration against {c}")
+        ppl = {c: perplexity(loaded, windows[c], opts, progress=False).perplexity for c in CORPORA}
+        row = {"variant": name, "command": None if flags is None else
+               " ".join(["trit quantize MODEL OUT", *flags]), "perplexity": ppl,
+               "geometric_mean": geometric_mean(list(ppl.values())), "quantize_seconds": seconds}
+        row["size_mib"], row["bits_per_weight"] = _size(path)
+        del loaded
+        if args.gsm8k_limit and name in args.gsm8k_variants.split(","):
+            from dataclasses import asdict
+
+            from trit.eval.gsm8k import Gsm8kError, Gsm8kOptions, run_gsm8k
+
+            try:
+                g = run_gsm8k(path, Gsm8kOptions(limit=args.gsm8k_limit))
+                row["gsm8k"] = {"limit": args.gsm8k_limit, "fewshot": 5, "exact_match": g.exact_match,
+                                "stderr": g.stderr, "seconds": g.seconds, "detail": asdict(g)}
+            except Gsm8kError as e:
+                row["gsm8k"] = {"limit": args.gsm8k_limit, "error": str(e)[-2000:]}
+        result["rows"].append(row)
+        print(json.dumps(row), flush=True)
+        args.out.write_text(json.dumps(result, indent=1))
+    bf16 = next((r for r in result["rows"] if r["variant"] == "bf16"), None)
+    if bf16:
+        for r in result["rows"]:
+            r["ratio_to_bf16"] = {c: r["perplexity"][c] / bf16["perplexity"][c] for c in CORPORA}
+            r["geometric_mean_ratio"] = r["geometric_mean"] / bf16["geometric_mean"]
+        args.out.write_text(json.dumps(result, indent=1))
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
