@@ -39,6 +39,10 @@ class W4A8Scheme:
     group_size: int = 64  # CHANNEL (-1): one scale per output channel
     ignore: tuple[str, ...] = ("lm_head",)
 
+    def groups(self, k: int) -> int:
+        """Scales a row of ``k`` inputs holds: one channel-wise, else ``k / group_size``."""
+        return 1 if self.group_size == CHANNEL else k // self.group_size
+
     @property
     def strategy(self) -> str:
         return "channel" if self.group_size == CHANNEL else "group"

@@ -122,10 +122,10 @@ def quantize_w4a8(
         report.stored_bytes += codes[0].numel() // 2 + scale.numel() * scale.element_size()
         return {name: codes[0].contiguous(), f"{module}.weight_scale": scale.contiguous()}
 
-    config = dict(ckpt.config, quantization_config=compressed.W4A8Scheme(opts.group_size).to_dict())
+    scheme = compressed.W4A8Scheme(opts.group_size)
+    config = dict(ckpt.config, quantization_config=scheme.to_dict())
     needed = sum(i.nbytes for n, i in ckpt.tensors.items() if n.removesuffix(".weight") not in shapes)
-    groups = {m: 1 if opts.group_size == compressed.CHANNEL else k // opts.group_size for m, (n, k) in shapes.items()}
-    needed += sum(n * k + n * groups[m] * dtype.itemsize for m, (n, k) in shapes.items())
+    needed += sum(n * k + n * scheme.groups(k) * dtype.itemsize for n, k in shapes.values())
     write_checkpoint(ckpt, out, transform, config, progress, desc="w4a8", needed=needed)
     report.seconds = time.perf_counter() - start
     return report

@@ -150,7 +150,7 @@ def _load_w4a8(ckpt: Checkpoint, device: torch.device, dtype: torch.dtype, valid
             raise fmt.FormatError(f"{name}.weight_scale", "the scale of one of the model's linear layers",
                                   f"{type(old).__name__} at {name}")
         n, k = old.out_features, old.in_features
-        groups = 1 if scheme.group_size == compressed.CHANNEL else k // scheme.group_size
+        groups = scheme.groups(k)
         for suffix, shape, kind in (("weight", (n, k), "I8"), ("weight_scale", (n, groups), None)):
             info = ckpt.tensors.get(f"{name}.{suffix}")
             if info is None:
