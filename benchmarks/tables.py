@@ -10,9 +10,10 @@
     python benchmarks/tables.py serve     # from benchmarks/results/serve/*.json (trit bench serve)
     python benchmarks/tables.py cpu       # from benchmarks/results/cpu.json (trit bench cpu)
     python benchmarks/tables.py cpu-models  # its end-to-end rows alone (the README's)
-    python benchmarks/tables.py domains   # from benchmarks/results/quality_domains_cpu.json (quality_domains.py)
+    python benchmarks/tables.py domains   # from benchmarks/results/quality_domains_*.json (quality_domains.py)
     python benchmarks/tables.py decode    # from benchmarks/results/decode/*.json
     python benchmarks/tables.py decode-plots  # the PNGs beside them (needs matplotlib)
+    python benchmarks/tables.py serve-plot  # benchmarks/results/serve/serve.png from every serve run
     python benchmarks/tables.py --write   # every marked block of README.md and docs/*.md, in place
 
 A marked block is ``<!-- table:NAME -->`` ... ``<!-- /table:NAME -->``; ``--write`` replaces what lies between
@@ -77,9 +78,11 @@ def speedups() -> str:
 QUALITY = (
     ("bf16", "ptq_smollm2_h200.json", "bf16"),
     ("naive rounding (absmean, BitNet's rule)", "ptq_smollm2_h200.json", "absmean-g64"),
-    ("GPTQ, one plane (`trit quantize --method gptq`)", "ptq_smollm2_calib128_3passes_h200.json",
+    ("GPTQ, one plane, 128 WikiText windows (`--calib wikitext2 --calib-samples 128`)",
+     "ptq_smollm2_calib128_3passes_h200.json",
      "gptq-g64-float-target-3passes"),
-    ("GPTQ, two planes (`--planes 2`)", "ptq_smollm2_h200.json", "gptq-2planes-g64"),
+    ("GPTQ, two planes, WikiText windows (`--planes 2 --calib wikitext2`)", "ptq_smollm2_h200.json",
+     "gptq-2planes-g64"),
     ("healed, data-free (`trit heal`)", "ptq_smollm2_heal_datafree_h200.json", None),
     ("healed on text + sampled (`--data --mix-sampled`)", "ptq_smollm2_heal_mix_h200.json", None),
 )
@@ -93,8 +96,9 @@ def quality() -> str:
         r = next(r for r in rows if r["variant"] == (variant or "healed"))
         lines.append(f"| {label} | {r['perplexity']:.4g} | {r['perplexity'] / bf16['perplexity']:.3g} | "
                      f"{r['bits_per_weight']:.2f} | `{name}` |")
-    lines += ["", "First 16 windows of 512 tokens of the WikiText-2 test set; calibration and heal text never overlap "
-              "them; one H200 (each file holds its command)."]
+    lines += ["", "First 16 windows of 512 tokens of the WikiText-2 test set; the GPTQ rows are calibrated on the other "
+              "half of the same file (never overlapping the windows), so they flatter WikiText: the table below "
+              "holds the defaults on three domains; one H200 (each file holds its command)."]
     return "\n".join(lines)
 
 
@@ -264,12 +268,29 @@ def serve() -> str:
                          f"{num(lt, '.2f', 'tpot_ms', 'median')} | {num(lb, '.2f', 'tpot_ms', 'p99')} / "
                          f"{num(lt, '.2f', 'tpot_ms', 'p99')} | {num(lb, '.0f', 'ttft_ms', 'median')} / "
                          f"{num(lt, '.0f', 'ttft_ms', 'median')} | {failed} |")
+    lines += ["", "| model | weights GiB bf16 / trit | KV-cache tokens bf16 / trit | trit / bf16 |", "|---|---|---|---|"]
+    for model in dict.fromkeys(m for m, _ in servers):
+        b, t = (servers.get((model, w), (None, None))[0] or {} for w in ("bf16", "trit"))
+        kv_b, kv_t = b.get("kv_cache_tokens"), t.get("kv_cache_tokens")
+        lines.append(f"| {model} | {b.get('weights_gib') or '-'} / {t.get('weights_gib') or '-'} | {kv_b or '-'} / "
+                     f"{kv_t or '-'} | {f'x{kv_t / kv_b:.2f}' if kv_b and kv_t else '-'} |")
     any_run = next(iter(servers.values()))[1]
     lines += ["", f"vLLM {any_run['versions'].get('vllm', '?')} OpenAI server (multiprocess engine, CUDA graphs, "
               f"dummy weights), driven by vLLM's serving benchmark client: random prompts of {any_run['input_len']} "
               f"tokens, {any_run['output_len']} output tokens each (`--ignore-eos`), {any_run['device']}; "
               "`benchmarks/results/serve/*.json` hold the commands. `-`: not measured."]
     return "\n".join(lines)
+
+
+def serve_plot() -> str:
+    """One plot of every ``trit bench serve`` run: throughput and TPOT against concurrency, bf16 and trit."""
+    sys.path.insert(0, str(SRC))
+    from trit.bench.serve import plot
+
+    runs = [json.loads(f.read_text()) for f in sorted((RESULTS / "serve").glob("*.json"))]
+    merged = {**runs[0], "servers": [sv for r in runs for sv in r["servers"]]}
+    plot(merged, RESULTS / "serve" / "serve.png")
+    return f"wrote {RESULTS / 'serve' / 'serve.png'}"
 
 
 def cpu() -> str:
@@ -314,8 +335,18 @@ def cpu_models() -> str:
 
 
 def domains() -> str:
-    """``benchmarks/quality_domains.py``: perplexity per domain and its geometric mean, GSM8K where scored."""
-    d = json.loads((RESULTS / "quality_domains_cpu.json").read_text())
+    """``benchmarks/quality_domains.py``: a table per run (``quality_domains_*.json``), each against its own bf16."""
+    return "\n\n".join(_domains_run(f) for f in sorted(RESULTS.glob("quality_domains_*.json"), reverse=True))
+
+
+def domains_headline() -> str:
+    """The README's per-domain table: the newest H200 run of ``benchmarks/quality_domains.py``."""
+    return _domains_run(RESULTS / "quality_domains_h200.json")
+
+
+def _domains_run(path: Path) -> str:
+    """Perplexity per domain and its geometric mean, GSM8K where scored, for one run of the script."""
+    d = json.loads(path.read_text())
     corpora = d["corpora"]
     gsm = any("gsm8k" in r for r in d["rows"])
     head = ["variant", *[f"{c} ppl (x bf16)" for c in corpora], "geo. mean (x bf16)", "bits a weight", "MiB"]
@@ -344,7 +375,7 @@ def domains() -> str:
         commands += f"not finished in this run (no row): {', '.join(missing)}; "
     lines += ["", f"{d['eval'].capitalize()}; {d['device']} ({d['host']}), torch {d['torch']}; calibration "
               f"checked disjoint from every evaluation window. {commands}"
-              f"`{d['command']}` (`benchmarks/results/quality_domains_cpu.json`)."]
+              f"`{d['command']}` (`benchmarks/results/{path.name}`)."]
     return "\n".join(lines)
 
 
@@ -442,8 +473,9 @@ def decode_plots() -> str:
     return "wrote " + ", ".join(str(p) for p in sorted(DECODE.glob("decode_*.png")))
 
 
-TABLES = {"kernels": kernels, "speedups": speedups, "serving": serving, "serve": serve, "cpu": cpu, "cpu-models": cpu_models, "domains": domains,
-          "vllm": vllm, "a8": a8, "ptq": ptq, "quality": quality, "decode": decode, "decode-plots": decode_plots}
+TABLES = {"kernels": kernels, "speedups": speedups, "serving": serving, "serve": serve, "cpu": cpu, "cpu-models": cpu_models, "domains": domains, "domains-headline": domains_headline,
+          "vllm": vllm, "a8": a8, "ptq": ptq, "quality": quality, "decode": decode, "decode-plots": decode_plots,
+          "serve-plot": serve_plot}
 _BLOCK = re.compile(r"(<!-- table:([\w-]+) -->\n)(.*?)(<!-- /table:\2 -->)", re.S)
 
 
