@@ -2,8 +2,12 @@
 
 from __future__ import annotations
 
+import io
 import json
 import os
+import subprocess
+import sys
+from contextlib import redirect_stderr, redirect_stdout
 from pathlib import Path
 
 import pytest
@@ -141,3 +145,28 @@ def has_cuda() -> bool:
 
 requires_cuda = pytest.mark.skipif(not has_cuda(), reason="needs a CUDA GPU")
 os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
+
+
+def trit(*args: str | Path, check: bool = True, process: bool = False) -> subprocess.CompletedProcess:
+    """``trit ARGS``: its exit status, stdout and stderr.
+
+    By default through ``trit.cli.main`` in this process: the code a user's process runs, argument parsing and
+    error lines included, without paying torch's and transformers' imports again for every call (a process
+    costs several seconds of CI time). ``process=True`` runs ``python -m trit`` as a real process.
+    """
+    argv = [str(a) for a in args]
+    if process:
+        proc = subprocess.run([sys.executable, "-m", "trit", *argv], capture_output=True, text=True, timeout=600)
+    else:
+        from trit.cli import main
+
+        out, err = io.StringIO(), io.StringIO()
+        with redirect_stdout(out), redirect_stderr(err):
+            try:
+                code = main(argv)
+            except SystemExit as stop:  # argparse: --help, or a usage error
+                code = stop.code if isinstance(stop.code, int) else (0 if stop.code is None else 1)
+        proc = subprocess.CompletedProcess(["trit", *argv], code, out.getvalue(), err.getvalue())
+    if check and proc.returncode != 0:
+        raise AssertionError(f"trit {argv} exited {proc.returncode}:\n{proc.stdout}\n{proc.stderr}")
+    return proc

@@ -1,4 +1,5 @@
-"""The command line, run as a user runs it: real processes, exit codes, messages, nothing left behind."""
+"""The command line as a user meets it: exit codes, messages, nothing left behind (through ``trit.cli.main``;
+the console script and one whole run are real processes)."""
 
 from __future__ import annotations
 
@@ -9,15 +10,7 @@ import sys
 from pathlib import Path
 
 import pytest
-from conftest import corrupt_config, rewrite_tensors
-
-
-def trit(*args: str | Path, check: bool = True) -> subprocess.CompletedProcess:
-    proc = subprocess.run([sys.executable, "-m", "trit", *map(str, args)], capture_output=True, text=True,
-                          timeout=600)
-    if check and proc.returncode != 0:
-        raise AssertionError(f"trit {args} exited {proc.returncode}:\n{proc.stdout}\n{proc.stderr}")
-    return proc
+from conftest import corrupt_config, rewrite_tensors, trit
 
 
 def test_console_script_is_installed() -> None:
@@ -34,7 +27,7 @@ def test_quantize_audit_generate_eval(tiny_llama: Path, tmp_path: Path) -> None:
     a = trit("audit", out)
     assert a.stdout.rstrip().endswith("PASS")
     g = trit("generate", out, "hello", "--max-new-tokens", "5", "--temperature", "0.8", "--top-p", "0.9",
-             "--top-k", "20", "--repetition-penalty", "1.2", "--seed", "3", "--chat", "--device", "cpu")
+             "--top-k", "20", "--repetition-penalty", "1.2", "--seed", "3", "--chat", "--device", "cpu", process=True)
     assert "5 tokens" in g.stderr
     text = tmp_path / "t.txt"
     text.write_text("some text to score. " * 40)

@@ -13,8 +13,7 @@ import shutil
 from pathlib import Path
 
 import pytest
-from conftest import make_tiny_model, rewrite_tensors
-from test_cli import trit
+from conftest import make_tiny_model, rewrite_tensors, trit
 
 from trit.cli import main
 

@@ -8,9 +8,8 @@ from pathlib import Path
 
 import pytest
 import torch
-from conftest import make_tiny_model
+from conftest import make_tiny_model, trit
 from safetensors.torch import load_file
-from test_cli import trit
 from test_cli_bad_input import digest, left_behind, refused
 
 from trit import compressed, runtime

@@ -11,7 +11,7 @@ import json
 from pathlib import Path
 
 import pytest
-from test_cli import trit
+from conftest import trit
 
 from trit.eval.gsm8k import TASK, task_config
 

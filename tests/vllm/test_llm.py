@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import shutil
 from pathlib import Path
 
@@ -52,25 +53,38 @@ def _last_line(stderr: str) -> str:
     return [line for line in stderr.splitlines() if line.strip()][-1]
 
 
-@pytest.mark.parametrize(
-    ("edit", "message"),
-    [
-        (lambda c: corrupt_config(c, format_version=2),
-         "config.json: quantization_config.format_version: expected 1 (this trit reads format 1 only), found 2"),
-        # the file's own tensor (up_proj), not the fused gate_up_proj vLLM builds from it
-        (lambda c: rewrite_tensors(c, lambda t: t["model.layers.3.mlp.up_proj.weight_packed"].view(-1)[:2].fill_(0xFF)),
-         "model.layers.3.mlp.up_proj.weight_packed: expected 2-bit codes in {0, 1, 2}, found 8 codes equal to 3"),
-        (lambda c: rewrite_tensors(c, lambda t: t["model.layers.2.self_attn.o_proj.weight_scale"].view(-1)[:3].neg_()),
-         "model.layers.2.self_attn.o_proj.weight_scale: expected positive scales, found 3 zero or negative"),
-        (lambda c: rewrite_tensors(c, lambda t: t.__setitem__(
-            "model.layers.0.self_attn.o_proj.weight_scale", t["model.layers.0.self_attn.o_proj.weight_scale"][:, :4].clone())),
-         "model.layers.0.self_attn.o_proj.weight_scale: expected shape (576, 9) (group size 64), found (576, 4)"),
-        (lambda c: rewrite_tensors(c, lambda t: t["model.layers.5.input_layernorm.weight"].view(-1).__setitem__(
-            7, float("nan"))),
-         "model.layers.5.input_layernorm.weight: expected finite values, found 1 NaN or Inf"),
-    ],
-    ids=["format-version", "code-3", "negative-scale", "scale-shape", "nan-norm"],
-)
+BROKEN = [
+    (lambda c: corrupt_config(c, format_version=2),
+     "config.json: quantization_config.format_version: expected 1 (this trit reads format 1 only), found 2"),
+    # the file's own tensor (up_proj), not the fused gate_up_proj vLLM builds from it
+    (lambda c: rewrite_tensors(c, lambda t: t["model.layers.3.mlp.up_proj.weight_packed"].view(-1)[:2].fill_(0xFF)),
+     "model.layers.3.mlp.up_proj.weight_packed: expected 2-bit codes in {0, 1, 2}, found 8 codes equal to 3"),
+    (lambda c: rewrite_tensors(c, lambda t: t["model.layers.2.self_attn.o_proj.weight_scale"].view(-1)[:3].neg_()),
+     "model.layers.2.self_attn.o_proj.weight_scale: expected positive scales, found 3 zero or negative"),
+    (lambda c: rewrite_tensors(c, lambda t: t.__setitem__(
+        "model.layers.0.self_attn.o_proj.weight_scale", t["model.layers.0.self_attn.o_proj.weight_scale"][:, :4].clone())),
+     "model.layers.0.self_attn.o_proj.weight_scale: expected shape (576, 9) (group size 64), found (576, 4)"),
+    (lambda c: rewrite_tensors(c, lambda t: t["model.layers.5.input_layernorm.weight"].view(-1).__setitem__(
+        7, float("nan"))),
+     "model.layers.5.input_layernorm.weight: expected finite values, found 1 NaN or Inf"),
+]
+BROKEN_IDS = ["format-version", "code-3", "negative-scale", "scale-shape", "nan-norm"]
+
+
+@pytest.mark.parametrize(("edit", "message"), BROKEN, ids=BROKEN_IDS)
+def test_the_plugins_check_refuses_each_broken_kind(broken: Path, edit, message: str) -> None:
+    """What vLLM calls before it loads a byte (``maybe_update_config``), here in this process for every kind of
+    damage; the two end-to-end runs below show it reaching the user as the traceback's last line."""
+    from trit.vllm.config import TritCheckpointError, TritVllmConfig
+
+    edit(broken)
+    qcfg = TritVllmConfig.from_config(json.loads((broken / "config.json").read_text())["quantization_config"])
+    with pytest.raises(TritCheckpointError) as refused:
+        qcfg.maybe_update_config(str(broken))
+    assert str(refused.value).startswith(str(broken)) and str(refused.value).endswith(message)
+
+
+@pytest.mark.parametrize(("edit", "message"), [BROKEN[0], BROKEN[1]], ids=BROKEN_IDS[:2])  # config, values
 def test_broken_checkpoint_fails_with_one_trit_line(broken: Path, tmp_path: Path, edit, message: str) -> None:
     """vLLM stops before loading, and its traceback ends with trit's line: the checkpoint and the tensor named."""
     edit(broken)

@@ -70,7 +70,7 @@ def test_gemv(n: int, k: int, group: int, m: int, dtype: torch.dtype) -> None:
     packed, scale = layer(n, k, group, seed=n + k)
     x, b = inputs(m, k, n, dtype, bias=m == 3, seed=m)
     one_warp = next(c for c in gemv.CONFIGS if c.num_warps == 1)
-    configs = [gemv.GemvConfig(4, 8, 2, 4)] if INTERPRET else [None, gemv.CONFIGS[len(gemv.CONFIGS) // 2], one_warp]
+    configs = [gemv.GemvConfig(16, 8, 2, 4)] if INTERPRET else [None, gemv.CONFIGS[len(gemv.CONFIGS) // 2], one_warp]
     for cfg in configs:
         y = gemv.gemv(x, packed.view(torch.int32), scale, group, b, cfg)
         check(y.cpu(), reference_out(x, packed, scale, group, b), dtype)
