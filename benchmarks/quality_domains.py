@@ -37,6 +37,7 @@ VARIANTS = {
     "gptq-2planes": ["--method", "gptq", "--planes", "2"],
     "gptq-calib-python": ["--method", "gptq", "--calib", "python"],
     "gptq-128samples": ["--method", "gptq", "--calib-samples", "128"],
+    "gptq-random-first": ["--method", "gptq", "--calib-first", "random"],
     "w4a8-g64": ["--scheme", "w4a8", "--group-size", "64"],  # int4 GPTQ weights, int8 per-token activations
     "w4a8-channel": ["--scheme", "w4a8", "--group-size", "channel"],
 }
@@ -82,7 +83,8 @@ def _calibration_ids(float_dir: Path, flags: list[str], device: str) -> torch.Te
         return type(default)(flags[flags.index(name) + 1]) if name in flags else default
 
     calib = CalibOptions(flags[flags.index("--calib") + 1] if "--calib" in flags else None,
-                         flag("--calib-samples", CalibOptions.samples), flag("--calib-seq-len", CalibOptions.seq_len))
+                         flag("--calib-samples", CalibOptions.samples), flag("--calib-seq-len", CalibOptions.seq_len),
+                         first=flag("--calib-first", CalibOptions.first))
     return calibration_ids(open_checkpoint(float_dir), calib, device)
 
 

@@ -83,6 +83,25 @@ def test_data_free_calibration_by_default(tiny: Path, tmp_path: Path) -> None:
     assert code == 0 and audit(tmp_path / "out").ok
 
 
+def test_random_first_token_starts_each_sampled_window_apart(tiny: Path) -> None:
+    from transformers import AutoTokenizer
+
+    from trit.calibrate import calibration_ids
+    from trit.checkpoint import open_checkpoint
+
+    ckpt = open_checkpoint(tiny)
+    special = set(AutoTokenizer.from_pretrained(tiny).all_special_ids)
+    bos = calibration_ids(ckpt, CalibOptions(samples=6, seq_len=12, batch=3), "cpu")
+    rnd = calibration_ids(ckpt, CalibOptions(samples=6, seq_len=12, batch=3, first="random"), "cpu")
+    assert bos.shape == rnd.shape == (6, 12)
+    assert len(set(bos[:, 0].tolist())) == 1 and (rnd[:, 0] == bos[0, 0]).all()  # BOS first, either way
+    assert len(set(rnd[:, 1].tolist())) > 1 and not special & set(rnd[:, 1].tolist())
+    again = calibration_ids(ckpt, CalibOptions(samples=6, seq_len=12, batch=3, first="random"), "cpu")
+    assert torch.equal(rnd, again)  # seeded
+    with pytest.raises(ValueError, match="first: expected one of bos, random"):
+        calibration_ids(ckpt, CalibOptions(samples=2, seq_len=8, first="text"), "cpu")
+
+
 def test_float_target_flag() -> None:
     from trit.cli import _parser
 

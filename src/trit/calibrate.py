@@ -53,6 +53,7 @@ class CalibOptions:
     seq_len: int = 512
     seed: int = 0
     batch: int = 8
+    first: str = "bos"  # data-free: sequences start from BOS alone, or from BOS and a random token ("random")
 
 
 def windows_from_text(ids: torch.Tensor, samples: int, seq_len: int) -> torch.Tensor:
@@ -63,21 +64,40 @@ def windows_from_text(ids: torch.Tensor, samples: int, seq_len: int) -> torch.Te
     return torch.stack([ids[s:s + seq_len] for s in starts.tolist()])
 
 
+FIRST = ("bos", "random")
+
+
 def sample_from_model(
-    model: nn.Module, tokenizer, samples: int, seq_len: int, seed: int, batch: int, progress: bool = False
+    model: nn.Module, tokenizer, samples: int, seq_len: int, seed: int, batch: int, progress: bool = False,
+    first: str = "bos",
 ) -> torch.Tensor:
-    """Data-free calibration: ``(S, T)`` token windows the float model samples from its BOS token."""
+    """Data-free calibration: ``(S, T)`` token windows the float model samples from its BOS token.
+
+    ``first="random"``: each sequence's second token is drawn uniformly from the vocabulary (special tokens
+    left out) and the model samples on from there, as LLM-QAT does for diversity.
+    """
+    if first not in FIRST:
+        raise ValueError(f"first: expected one of {', '.join(FIRST)}, found {first!r}")
     bos = tokenizer.bos_token_id if tokenizer.bos_token_id is not None else tokenizer.eos_token_id
     torch.manual_seed(seed)
     out = []
     device = next(model.parameters()).device
+    special = torch.tensor(sorted(set(tokenizer.all_special_ids)), dtype=torch.long)
+    ordinary = torch.ones(len(tokenizer), dtype=torch.bool)
+    ordinary[special[special < len(tokenizer)]] = False
+    ordinary = ordinary.nonzero().flatten()
+    pick = torch.Generator().manual_seed(seed)
     starts = tqdm(range(0, samples, batch), desc="sample", unit="batch", disable=not progress)
     with torch.inference_mode():
         for start in starts:
             b = min(batch, samples - start)
-            prompt = torch.full((b, 1), bos, dtype=torch.long, device=device)
+            prompt = torch.full((b, 1), bos, dtype=torch.long)
+            if first == "random":
+                prompt = torch.cat([prompt, ordinary[torch.randint(len(ordinary), (b, 1), generator=pick)]], 1)
+            prompt = prompt.to(device)
+            new = seq_len - prompt.shape[1]
             ids = model.generate(prompt, attention_mask=torch.ones_like(prompt), do_sample=True, top_k=0,
-                                 top_p=1.0, temperature=1.0, max_new_tokens=seq_len - 1, min_new_tokens=seq_len - 1,
+                                 top_p=1.0, temperature=1.0, max_new_tokens=new, min_new_tokens=new,
                                  pad_token_id=tokenizer.eos_token_id)
             out.append(ids[:, :seq_len].cpu())
     return torch.cat(out)
@@ -102,7 +122,8 @@ def calibration_ids(ckpt: Checkpoint, opts: CalibOptions, device: str, progress:
         return windows_from_text(ids, opts.samples, opts.seq_len)
     model = AutoModelForCausalLM.from_pretrained(ckpt.path, dtype=torch.float32).to(device).eval()
     try:
-        return sample_from_model(model, tokenizer, opts.samples, opts.seq_len, opts.seed, opts.batch, progress)
+        return sample_from_model(model, tokenizer, opts.samples, opts.seq_len, opts.seed, opts.batch, progress,
+                                 opts.first)
     finally:
         del model
 
