@@ -38,6 +38,7 @@ VARIANTS = {
     "gptq-calib-python": ["--method", "gptq", "--calib", "python"],
     "gptq-128samples": ["--method", "gptq", "--calib-samples", "128"],
     "gptq-random-first": ["--method", "gptq", "--calib-first", "random"],
+    "gptq-bos-first": ["--method", "gptq", "--calib-first", "bos"],  # the default before random first tokens
     "w4a8-g64": ["--scheme", "w4a8", "--group-size", "64"],  # int4 GPTQ weights, int8 per-token activations
     "w4a8-channel": ["--scheme", "w4a8", "--group-size", "channel"],
 }

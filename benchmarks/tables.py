@@ -339,9 +339,46 @@ def domains() -> str:
     return "\n\n".join(_domains_run(f) for f in sorted(RESULTS.glob("quality_domains_*.json"), reverse=True))
 
 
+# the README's rows: (label, run file, variant); a row whose file is missing is left out
+HEADLINE_DOMAINS = (
+    ("bf16", "quality_domains_h200_variants.json", "bf16"),
+    ("one plane, the default (`trit quantize MODEL OUT`)", "quality_domains_h200_variants.json", "gptq-random-first"),
+    ("one plane, windows from BOS alone (`--calib-first bos`, the earlier default)",
+     "quality_domains_h200_bos-first.json", "gptq"),
+    ("two planes (`--planes 2`)", "quality_domains_h200_2planes.json", "gptq-2planes"),
+    ("two planes, windows from BOS alone (`--planes 2 --calib-first bos`)", "quality_domains_h200_bos-first.json",
+     "gptq-2planes"),
+)
+
+
 def domains_headline() -> str:
-    """The README's per-domain table: the newest H200 run of ``benchmarks/quality_domains.py``."""
-    return _domains_run(RESULTS / "quality_domains_h200.json")
+    """The README's per-domain table: rows from the H200 runs of ``benchmarks/quality_domains.py``, each against
+    the bf16 row of its own run."""
+    lines, files = [], []
+    for label, name, variant in HEADLINE_DOMAINS:
+        path = RESULTS / name
+        if not path.is_file():
+            continue
+        d = json.loads(path.read_text())
+        corpora = d["corpora"]
+        if not lines:
+            lines = ["| weights | " + " | ".join(f"{c} ppl (x bf16)" for c in corpora) +
+                     " | geo. mean (x bf16) | bits a weight | run |", "|" + "---|" * (len(corpora) + 4)]
+        bf16 = next(r for r in d["rows"] if r["variant"] == "bf16")
+        row = next((r for r in d["rows"] if r["variant"] == variant), None)
+        if row is None:
+            continue
+        cells = [label, *[f"{row['perplexity'][c]:.4g} (x{row['perplexity'][c] / bf16['perplexity'][c]:.3g})"
+                          for c in corpora],
+                 f"{row['geometric_mean']:.4g} (x{row['geometric_mean'] / bf16['geometric_mean']:.3g})",
+                 f"{row['bits_per_weight']:.2f}" if row.get("bits_per_weight") else "16 (bf16)", f"`{name}`"]
+        lines.append("| " + " | ".join(cells) + " |")
+        files.append(name)
+    d = json.loads((RESULTS / files[0]).read_text())
+    lines += ["", f"{d['eval'].capitalize()}; SmolLM2-135M-Instruct on one H200; each row against the bf16 row of "
+              "its own run; every run's command is in its file (`benchmarks/results/`), the rows of each run in "
+              "docs/quantization.md."]
+    return "\n".join(lines)
 
 
 def _domains_run(path: Path) -> str:
@@ -373,7 +410,8 @@ def _domains_run(path: Path) -> str:
     missing = [v for v in (asked.group(1).split(",") if asked else []) if v not in {r["variant"] for r in d["rows"]}]
     if missing:
         commands += f"not finished in this run (no row): {', '.join(missing)}; "
-    lines += ["", f"{d['eval'].capitalize()}; {d['device']} ({d['host']}), torch {d['torch']}; calibration "
+    lines += ["", (f"{d['note']} " if d.get("note") else "") +
+              f"{d['eval'].capitalize()}; {d['device']} ({d['host']}), torch {d['torch']}; calibration "
               f"checked disjoint from every evaluation window. {commands}"
               f"`{d['command']}` (`benchmarks/results/{path.name}`)."]
     return "\n".join(lines)

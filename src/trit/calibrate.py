@@ -53,7 +53,7 @@ class CalibOptions:
     seq_len: int = 512
     seed: int = 0
     batch: int = 8
-    first: str = "bos"  # data-free: sequences start from BOS alone, or from BOS and a random token ("random")
+    first: str = "random"  # data-free: sequences start from BOS and a random token, or from BOS alone ("bos")
 
 
 def windows_from_text(ids: torch.Tensor, samples: int, seq_len: int) -> torch.Tensor:
@@ -69,7 +69,7 @@ FIRST = ("bos", "random")
 
 def sample_from_model(
     model: nn.Module, tokenizer, samples: int, seq_len: int, seed: int, batch: int, progress: bool = False,
-    first: str = "bos",
+    first: str = "random",
 ) -> torch.Tensor:
     """Data-free calibration: ``(S, T)`` token windows the float model samples from its BOS token.
 

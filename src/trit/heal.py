@@ -196,9 +196,11 @@ def _sequences(teacher, tokenizer, opts: HealOptions, progress: bool = False) ->
         train = windows_from_text(ids[:cut], opts.train_samples, opts.seq_len)
         if opts.mix_sampled:  # more, other text than the file's; the held-out windows stay the file's
             train = torch.cat([train, sample_from_model(teacher, tokenizer, opts.mix_sampled, opts.seq_len, opts.seed,
-                                                        opts.sample_batch, progress)])
+                                                        opts.sample_batch, progress, first="bos")])
         return train, windows_from_text(ids[cut:], opts.heldout_samples, opts.seq_len)
-    seqs = sample_from_model(teacher, tokenizer, total, opts.seq_len, opts.seed, opts.sample_batch, progress)
+    # heal's defaults were chosen on windows from BOS alone; random first tokens are measured for GPTQ only
+    seqs = sample_from_model(teacher, tokenizer, total, opts.seq_len, opts.seed, opts.sample_batch, progress,
+                             first="bos")
     return seqs[: opts.train_samples], seqs[opts.train_samples:]
 
 
