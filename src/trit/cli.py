@@ -208,8 +208,8 @@ def _quantize_parser(sub) -> None:
     g.add_argument("--calib-samples", type=int, default=d.calib.samples, help="calibration windows")
     g.add_argument("--calib-seq-len", type=int, default=d.calib.seq_len, help="tokens per window")
     g.add_argument("--calib-first", choices=FIRST, default=d.calib.first,
-                   help="data-free: each sampled window starts from BOS alone, or from BOS and a token drawn at "
-                        "random from the vocabulary")
+                   help="data-free: each sampled window starts from BOS and a token drawn at random from the "
+                        "vocabulary (random), or from BOS alone (bos)")
     g.add_argument("--act-order", action=argparse.BooleanOptionalAction, default=d.act_order,
                    help="columns by decreasing Hessian diagonal")
     g.add_argument("--damp", type=float, default=d.damp, help="damping, a fraction of mean(diag(H))")
