@@ -346,6 +346,7 @@ HEADLINE_DOMAINS = (
     ("one plane, windows from BOS alone (`--calib-first bos`, the earlier default)",
      "quality_domains_h200_bos-first.json", "gptq"),
     ("two planes (`--planes 2`)", "quality_domains_h200_2planes.json", "gptq-2planes"),
+    ("two planes (`--planes 2`), on the CPU", "quality_domains_cpu_2planes.json", "gptq-2planes"),
     ("two planes, windows from BOS alone (`--planes 2 --calib-first bos`)", "quality_domains_h200_bos-first.json",
      "gptq-2planes"),
 )
@@ -375,9 +376,9 @@ def domains_headline() -> str:
         lines.append("| " + " | ".join(cells) + " |")
         files.append(name)
     d = json.loads((RESULTS / files[0]).read_text())
-    lines += ["", f"{d['eval'].capitalize()}; SmolLM2-135M-Instruct on one H200; each row against the bf16 row of "
-              "its own run; every run's command is in its file (`benchmarks/results/`), the rows of each run in "
-              "docs/quantization.md."]
+    lines += ["", f"{d['eval'].capitalize()}; SmolLM2-135M-Instruct, quantized and scored on one H200 or on this "
+              "project's 2-core CPU (the run's name says which); each row against the bf16 row of its own run; every "
+              "run's command is in its file (`benchmarks/results/`), the rows of each run in docs/quantization.md."]
     return "\n".join(lines)
 
 
