@@ -339,46 +339,46 @@ def domains() -> str:
     return "\n\n".join(_domains_run(f) for f in sorted(RESULTS.glob("quality_domains_*.json"), reverse=True))
 
 
-# the README's rows: (label, run file, variant); a row whose file is missing is left out
+# the README's rows: (label, run file, variant), each against the bf16 row of its own run
 HEADLINE_DOMAINS = (
     ("bf16", "quality_domains_h200_variants.json", "bf16"),
     ("one plane, the default (`trit quantize MODEL OUT`)", "quality_domains_h200_variants.json", "gptq-random-first"),
     ("one plane, windows from BOS alone (`--calib-first bos`, the earlier default)",
      "quality_domains_h200_bos-first.json", "gptq"),
-    ("two planes (`--planes 2`)", "quality_domains_h200_2planes.json", "gptq-2planes"),
     ("two planes (`--planes 2`), on the CPU", "quality_domains_cpu_2planes.json", "gptq-2planes"),
     ("two planes, windows from BOS alone (`--planes 2 --calib-first bos`)", "quality_domains_h200_bos-first.json",
      "gptq-2planes"),
 )
+DOMAIN_HEAD = ("geo. mean (x bf16)", "bits a weight")
+
+
+def _domain_cells(row: dict, bf16: dict | None, corpora: list[str]) -> list[str]:
+    """Perplexity per corpus, the geometric mean (each with its ratio to ``bf16`` when there is one) and bits a
+    weight: the cells :data:`DOMAIN_HEAD` names after one column per corpus."""
+    def cell(value: float, base: float | None) -> str:
+        return f"{value:.4g}" + (f" (x{value / base:.3g})" if base else "")
+
+    cells = [cell(row["perplexity"][c], bf16 and bf16["perplexity"][c]) for c in corpora]
+    cells.append(cell(row["geometric_mean"], bf16 and bf16["geometric_mean"]))
+    cells.append(f"{row['bits_per_weight']:.2f}" if row.get("bits_per_weight") else "16 (bf16)")
+    return cells
 
 
 def domains_headline() -> str:
-    """The README's per-domain table: rows from the H200 runs of ``benchmarks/quality_domains.py``, each against
-    the bf16 row of its own run."""
-    lines, files = [], []
+    """The README's per-domain table: the rows of :data:`HEADLINE_DOMAINS`, from runs of
+    ``benchmarks/quality_domains.py`` on the H200 or the CPU."""
+    runs = {name: json.loads((RESULTS / name).read_text()) for _, name, _ in HEADLINE_DOMAINS}
+    corpora = runs[HEADLINE_DOMAINS[0][1]]["corpora"]
+    head = ["weights", *[f"{c} ppl (x bf16)" for c in corpora], *DOMAIN_HEAD, "run"]
+    lines = ["| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
     for label, name, variant in HEADLINE_DOMAINS:
-        path = RESULTS / name
-        if not path.is_file():
-            continue
-        d = json.loads(path.read_text())
-        corpora = d["corpora"]
-        if not lines:
-            lines = ["| weights | " + " | ".join(f"{c} ppl (x bf16)" for c in corpora) +
-                     " | geo. mean (x bf16) | bits a weight | run |", "|" + "---|" * (len(corpora) + 4)]
-        bf16 = next(r for r in d["rows"] if r["variant"] == "bf16")
-        row = next((r for r in d["rows"] if r["variant"] == variant), None)
-        if row is None:
-            continue
-        cells = [label, *[f"{row['perplexity'][c]:.4g} (x{row['perplexity'][c] / bf16['perplexity'][c]:.3g})"
-                          for c in corpora],
-                 f"{row['geometric_mean']:.4g} (x{row['geometric_mean'] / bf16['geometric_mean']:.3g})",
-                 f"{row['bits_per_weight']:.2f}" if row.get("bits_per_weight") else "16 (bf16)", f"`{name}`"]
-        lines.append("| " + " | ".join(cells) + " |")
-        files.append(name)
-    d = json.loads((RESULTS / files[0]).read_text())
-    lines += ["", f"{d['eval'].capitalize()}; SmolLM2-135M-Instruct, quantized and scored on one H200 or on this "
-              "project's 2-core CPU (the run's name says which); each row against the bf16 row of its own run; every "
-              "run's command is in its file (`benchmarks/results/`), the rows of each run in docs/quantization.md."]
+        rows = {r["variant"]: r for r in runs[name]["rows"]}
+        lines.append("| " + " | ".join([label, *_domain_cells(rows[variant], rows["bf16"], corpora), f"`{name}`"]) +
+                     " |")
+    lines += ["", f"{runs[HEADLINE_DOMAINS[0][1]]['eval'].capitalize()}; SmolLM2-135M-Instruct, quantized and "
+              "scored on one H200 or on this project's 2-core CPU (the run's name says which); each row against the "
+              "bf16 row of its own run; every run's command is in its file (`benchmarks/results/`), the rows of each "
+              "run in docs/quantization.md."]
     return "\n".join(lines)
 
 
@@ -387,19 +387,12 @@ def _domains_run(path: Path) -> str:
     d = json.loads(path.read_text())
     corpora = d["corpora"]
     gsm = any("gsm8k" in r for r in d["rows"])
-    head = ["variant", *[f"{c} ppl (x bf16)" for c in corpora], "geo. mean (x bf16)", "bits a weight", "MiB"]
+    head = ["variant", *[f"{c} ppl (x bf16)" for c in corpora], *DOMAIN_HEAD, "MiB"]
     head += ["GSM8K exact match (flexible)"] if gsm else []
     bf16 = next((r for r in d["rows"] if r["variant"] == "bf16"), None)
     lines = ["| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
     for r in d["rows"]:
-        ratio = {c: r["perplexity"][c] / bf16["perplexity"][c] for c in corpora} if bf16 else {}
-        cells = [f"{r['variant']}"]
-        cells += [f"{r['perplexity'][c]:.4g} (x{ratio[c]:.3g})" if c in ratio else f"{r['perplexity'][c]:.4g}"
-                  for c in corpora]
-        gm = r["geometric_mean"] / bf16["geometric_mean"] if bf16 else None
-        cells.append(f"{r['geometric_mean']:.4g}" + (f" (x{gm:.3g})" if gm is not None else ""))
-        cells.append(f"{r['bits_per_weight']:.2f}" if r.get("bits_per_weight") else "16 (bf16)")
-        cells.append(f"{r['size_mib']:.0f}")
+        cells = [r["variant"], *_domain_cells(r, bf16, corpora), f"{r['size_mib']:.0f}"]
         if gsm:
             g = r.get("gsm8k")
             cells.append("-" if g is None else "error" if "error" in g else
