@@ -71,10 +71,11 @@ def sample_from_model(
     model: nn.Module, tokenizer, samples: int, seq_len: int, seed: int, batch: int, progress: bool = False,
     first: str = "random",
 ) -> torch.Tensor:
-    """Data-free calibration: ``(S, T)`` token windows the float model samples from its BOS token.
+    """Data-free calibration: ``(S, T)`` token windows the float model samples after its BOS token.
 
-    ``first="random"``: each sequence's second token is drawn uniformly from the vocabulary (special tokens
-    left out) and the model samples on from there, as LLM-QAT does for diversity.
+    ``first="random"`` (the default): each sequence's second token is drawn uniformly from the vocabulary
+    (special tokens left out) and the model samples on from there, as LLM-QAT does for diversity;
+    ``first="bos"``: the model samples from BOS alone.
     """
     if first not in FIRST:
         raise ValueError(f"first: expected one of {', '.join(FIRST)}, found {first!r}")

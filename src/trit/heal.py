@@ -49,6 +49,9 @@ from trit.errors import ConvertError
 from trit.nn import TritLinear
 
 COMPILE_BACKEND = "inductor"  # torch.compile's backend for HealOptions.compile
+# data-free windows start from BOS alone: heal's defaults were chosen on those; random first tokens (the
+# calibration default) are measured for GPTQ only
+SAMPLE_FIRST = "bos"
 
 
 @dataclass(frozen=True)
@@ -196,11 +199,10 @@ def _sequences(teacher, tokenizer, opts: HealOptions, progress: bool = False) ->
         train = windows_from_text(ids[:cut], opts.train_samples, opts.seq_len)
         if opts.mix_sampled:  # more, other text than the file's; the held-out windows stay the file's
             train = torch.cat([train, sample_from_model(teacher, tokenizer, opts.mix_sampled, opts.seq_len, opts.seed,
-                                                        opts.sample_batch, progress, first="bos")])
+                                                        opts.sample_batch, progress, first=SAMPLE_FIRST)])
         return train, windows_from_text(ids[cut:], opts.heldout_samples, opts.seq_len)
-    # heal's defaults were chosen on windows from BOS alone; random first tokens are measured for GPTQ only
     seqs = sample_from_model(teacher, tokenizer, total, opts.seq_len, opts.seed, opts.sample_batch, progress,
-                             first="bos")
+                             first=SAMPLE_FIRST)
     return seqs[: opts.train_samples], seqs[opts.train_samples:]
 
 
