@@ -6,6 +6,7 @@
     python benchmarks/tables.py ptq       # from benchmarks/results/ptq_smollm2_*.json (every run)
     python benchmarks/tables.py quality   # the headline rows of those files
     python benchmarks/tables.py speedups  # kernels.json summed per model and M
+    python benchmarks/tables.py mma       # from benchmarks/results/mma_h200.json (benchmarks/exp_mma.py)
     python benchmarks/tables.py serving   # the headline rows of benchmarks/results/decode/vllm*.json
     python benchmarks/tables.py serve     # from benchmarks/results/serve/*.json (trit bench serve)
     python benchmarks/tables.py cpu       # from benchmarks/results/cpu.json (trit bench cpu)
@@ -57,6 +58,27 @@ def kernels() -> str:
     lines += ["", f"Best M=1 bandwidth: {best['trit_gbps']:.0f} GB/s ({best['model']} {best['layer']}), "
               f"{best['trit_gbps'] / copy:.0%} of the {copy:.0f} GB/s device-to-device copy measured in the run; "
               f"bf16 cuBLAS reached {bf16:.0f} GB/s ({bf16 / copy:.0%})."]
+    return "\n".join(lines)
+
+
+def mma() -> str:
+    """``benchmarks/exp_mma.py``: the CUDA C++ kernel on the load-time layout against the shipped dispatch."""
+    d = json.loads((RESULTS / "mma_h200.json").read_text())
+    ms = sorted({r["m"] for r in d["rows"]})
+    lines = [f"Device time per call, us (CUDA-graph replays, {d['device']}; copy {d['copy_gbs']:.0f} GB/s in the run): "
+             "CUDA kernel / shipped / bf16 cuBLAS:", "",
+             "| layer (N x K) | " + " | ".join(f"M={m}" for m in ms) + " |", "|---|" + "---|" * len(ms)]
+    for model in dict.fromkeys(r["model"] for r in d["rows"]):
+        for layer in dict.fromkeys(r["layer"] for r in d["rows"] if r["model"] == model):
+            rows = {r["m"]: r for r in d["rows"] if r["model"] == model and r["layer"] == layer}
+            r0 = rows[ms[0]]
+            cells = [f"{rows[m]['mma_us']:.1f} / {rows[m]['shipped_us']:.1f} / {rows[m]['bf16_us']:.1f}" for m in ms]
+            lines.append(f"| {model} {layer} ({r0['n']}x{r0['k']}) | " + " | ".join(cells) + " |")
+    lines += ["", "Summed over each model's layers, speed-up over bf16 (CUDA kernel, shipped):", ""]
+    lines += [f"- {line}" for line in d["summary"]]
+    worst = max(c["rel_err"] / c["bf16_dense_rel_err"] for c in d["checks"])
+    lines += ["", f"Correctness in the same run: {len(d['checks'])} odd shapes (every group size, split-K on and off), "
+              f"error against the float32 reference at most x{worst:.2f} that of bf16 `F.linear` on the same weights."]
     return "\n".join(lines)
 
 
@@ -505,7 +527,7 @@ def decode_plots() -> str:
     return "wrote " + ", ".join(str(p) for p in sorted(DECODE.glob("decode_*.png")))
 
 
-TABLES = {"kernels": kernels, "speedups": speedups, "serving": serving, "serve": serve, "cpu": cpu, "cpu-models": cpu_models, "domains": domains, "domains-headline": domains_headline,
+TABLES = {"kernels": kernels, "mma": mma, "speedups": speedups, "serving": serving, "serve": serve, "cpu": cpu, "cpu-models": cpu_models, "domains": domains, "domains-headline": domains_headline,
           "vllm": vllm, "a8": a8, "ptq": ptq, "quality": quality, "decode": decode, "decode-plots": decode_plots,
           "serve-plot": serve_plot}
 _BLOCK = re.compile(r"(<!-- table:([\w-]+) -->\n)(.*?)(<!-- /table:\2 -->)", re.S)

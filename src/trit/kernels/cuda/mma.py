@@ -1,0 +1,219 @@
+"""The tensor-core GEMM on a layout made at load time (``mma.cu``), M = 1 to 64.
+
+The layout
+----------
+The checkpoint's codes (format v1, packed along K) are rearranged once, when a
+layer is loaded, into the order the MMA's A fragments want (``m16n8k16``, W as
+the A operand, 16 output rows a tile). For row tile ``T`` (rows ``16T..16T+15``),
+128-input step ``S`` and lane ``l`` (``g = l // 4``, ``t = l % 4``), one 16-byte
+vector ``wq[T, S, l]`` holds four 32-bit words; word ``j`` covers inputs
+``128S + 32j`` to ``+32``, that is two k16 steps ``s``, and in it register
+``q = 4s + r`` of the A fragment sits in bits ``2q`` (its first element) and
+``16 + 2q`` (its second):
+
+    r = 0: row g,     inputs 16s + 2t, +1      r = 1: row g + 8, the same inputs
+    r = 2: row g,     inputs 16s + 2t + 8, +9  r = 3: row g + 8, the same inputs
+
+each as the code ``c = w + 1`` of format v1. Scales become bf16 pairs
+``sc[T, group, g] = (s[16T + g], s[16T + g + 8])``. N is padded to 16 rows and K
+to 128 inputs with zero weights (scale 0). The packed codes stay 2 bits a
+weight; the scales are stored once, in bf16 (the precision the dequantized bf16
+weight has in any case). :func:`unpack_layout` rebuilds the dense weight from
+this layout with the kernel's index arithmetic, in plain PyTorch: the CPU tests
+check the layout with it.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+from functools import lru_cache
+from pathlib import Path
+
+import torch
+
+from trit import format as fmt
+
+SOURCE_FILE = Path(__file__).with_name("mma.cu")
+ROW_TILE = 16
+K_STEP = 128
+WARPS = 4
+MAX_M = 64
+GROUPS = (32, 64, 128, fmt.PER_ROW)
+
+
+@lru_cache(maxsize=1)
+def source() -> str:
+    return SOURCE_FILE.read_text()
+
+
+@dataclass(frozen=True)
+class MmaWeights:
+    """One layer in the mma layout: ``wq`` (NT, KS, 32, 4) int32, ``sc`` (NT, GP, 8) int32."""
+
+    wq: torch.Tensor
+    sc: torch.Tensor
+    n: int
+    k: int
+    group_size: int
+
+    @property
+    def row_tiles(self) -> int:
+        return self.wq.shape[0]
+
+    @property
+    def k_steps(self) -> int:
+        return self.wq.shape[1]
+
+    @property
+    def scale_groups(self) -> int:
+        return self.sc.shape[1]
+
+
+def _index_tables(device: torch.device) -> tuple[torch.Tensor, torch.Tensor]:
+    """Row within the tile and input within the 128-step for (lane, word, register q)."""
+    lane = torch.arange(32, device=device).view(32, 1, 1)
+    word = torch.arange(4, device=device).view(1, 4, 1)
+    q = torch.arange(8, device=device).view(1, 1, 8)
+    g, t = lane // 4, lane % 4
+    s, r = q // 4, q % 4
+    rows = (g + 8 * (r % 2)).expand(32, 4, 8)
+    cols = 32 * word + 16 * s + 2 * t + 8 * (r // 2)
+    return rows, cols
+
+
+def repack(packed: torch.Tensor, scale: torch.Tensor, group_size: int, in_features: int | None = None) -> MmaWeights:
+    """Format-v1 ``packed`` (N, K_pad // 4) uint8 and ``scale`` (N, G) -> the mma layout (same device)."""
+    n, k_pad = packed.shape[0], packed.shape[1] * 4
+    k = in_features if in_features is not None else k_pad
+    if group_size not in GROUPS:
+        raise ValueError(f"the mma layout takes groups of {GROUPS}, not {group_size}")
+    dev = packed.device
+    nt, ks = -(-n // ROW_TILE), -(-k_pad // K_STEP)
+    codes = torch.ones(nt * ROW_TILE, ks * K_STEP, dtype=torch.int32, device=dev)
+    codes[:n, :k_pad] = fmt.unpack_codes(packed).to(torch.int32)
+    c5 = codes.view(nt, ROW_TILE, ks, K_STEP).permute(0, 2, 1, 3)  # (NT, KS, 16, 128)
+    rows, cols = _index_tables(dev)
+    lo, hi = c5[:, :, rows, cols], c5[:, :, rows, cols + 1]  # (NT, KS, 32, 4, 8)
+    shift = 2 * torch.arange(8, device=dev, dtype=torch.int32)
+    words = ((lo << shift) | (hi << (shift + 16))).sum(-1, dtype=torch.int64)  # disjoint bits: sum is OR
+    wq = words.to(torch.int64).where(words < 2**31, words - 2**32).to(torch.int32).contiguous()
+
+    width = fmt.group_width(group_size, k_pad)
+    gp = 1 if group_size == fmt.PER_ROW else -(-(ks * K_STEP) // width)
+    s = torch.zeros(nt * ROW_TILE, gp, dtype=torch.bfloat16, device=dev)
+    s[:n, : scale.shape[1]] = scale.to(torch.bfloat16)
+    bits = s.view(torch.int16).to(torch.int32) & 0xFFFF
+    bits = bits.view(nt, 2, 8, gp).permute(0, 3, 2, 1)  # (NT, GP, g, row half)
+    sc = (bits[..., 0] | (bits[..., 1] << 16)).contiguous()  # int32: the shift wraps into the sign bit
+    return MmaWeights(wq, sc, n, k, group_size)
+
+
+def unpack_layout(r: MmaWeights) -> torch.Tensor:
+    """The dense float32 weight (N, K) that the kernel computes with, decoded from the layout as it does."""
+    nt, ks = r.row_tiles, r.k_steps
+    w = r.wq.to(torch.int64) & 0xFFFFFFFF  # (NT, KS, 32, 4)
+    shift = 2 * torch.arange(8, device=w.device)
+    lo = (w[..., None] >> shift) & 3
+    hi = (w[..., None] >> (shift + 16)) & 3  # (NT, KS, 32, 4, 8)
+    codes = torch.empty(nt, ks, ROW_TILE, K_STEP, dtype=torch.int64, device=w.device)
+    rows, cols = _index_tables(w.device)
+    codes[:, :, rows, cols] = lo
+    codes[:, :, rows, cols + 1] = hi
+    values = (codes - 1).permute(0, 2, 1, 3).reshape(nt * ROW_TILE, ks * K_STEP).float()
+    sw = r.sc.to(torch.int64) & 0xFFFFFFFF  # (NT, GP, 8)
+    halves = torch.stack([sw & 0xFFFF, sw >> 16], dim=-1)  # (NT, GP, g, half)
+    s16 = halves.permute(0, 3, 2, 1).reshape(nt * ROW_TILE, -1).to(torch.int16)  # wraps like the bits do
+    s = s16.view(torch.bfloat16).float()
+    if r.group_size == fmt.PER_ROW:
+        w_full = values * s[:, :1]
+    else:
+        width = r.group_size
+        w_full = (values.view(values.shape[0], -1, width) * s[:, : ks * K_STEP // width, None]).view(values.shape)
+    return w_full[: r.n, : r.k]
+
+
+@dataclass(frozen=True)
+class MmaConfig:
+    """``rt`` row tiles of 16 a warp, ``ki`` 128-input steps a chunk, ``splits`` of K,
+    ``stages`` of the shared-memory ring, ``fold``: scale and offset per group in fp32 (see ``mma.cu``),
+    ``warps`` a block."""
+
+    rt: int = 2
+    ki: int = 2
+    splits: int = 1
+    stages: int = 4
+    fold: bool = True
+    warps: int = 4
+
+
+def token_tiles(m: int) -> int:
+    for mt in (1, 2, 4, 8):
+        if m <= 8 * mt:
+            return mt
+    raise ValueError(f"the mma kernel takes M <= {MAX_M}, not {m}")
+
+
+def smem_bytes(mt: int, cfg: MmaConfig, group_size: int) -> int:
+    """Dynamic shared memory of a launch: ``stages`` x (activations + codes + scales of a chunk)."""
+    x = mt * 8 * (cfg.ki * K_STEP + 8) * 2
+    w = cfg.warps * cfg.rt * cfg.ki * 512
+    s = 0 if group_size == fmt.PER_ROW else cfg.warps * cfg.rt * (cfg.ki * K_STEP // group_size) * 32
+    return cfg.stages * (x + w + s)
+
+
+def kernel_name(mt: int, cfg: MmaConfig, group_size: int) -> str:
+    gs = 0 if group_size == fmt.PER_ROW else group_size
+    return f"trit_mma<{mt}, {cfg.rt}, {cfg.ki}, {gs}, {cfg.stages}, {'true' if cfg.fold else 'false'}, {cfg.warps}>"
+
+
+def heuristic(m: int, r: MmaWeights, sms: int) -> MmaConfig:
+    """A config without tuning: two row tiles a warp, and enough K splits to give each SM about four blocks."""
+    rt, ki = 2, 2 if m <= 32 else 1
+    blocks = -(-r.row_tiles // (WARPS * rt))
+    chunks = -(-r.k_steps // ki)
+    splits = max(1, min(chunks // 2, math.ceil(4 * sms / blocks)))
+    return MmaConfig(rt, ki, splits)
+
+
+_WORKSPACE: dict[int, tuple[torch.Tensor, torch.Tensor]] = {}
+
+
+def workspace(device: torch.device, floats: int, locks: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """The split-K sums (fp32, zero between calls: the last block of each row block zeroes its rows) and counters."""
+    idx = device.index if device.index is not None else torch.cuda.current_device()
+    ws = _WORKSPACE.get(idx)
+    if ws is None or ws[0].numel() < floats or ws[1].numel() < locks:
+        old = (0, 0) if ws is None else (ws[0].numel(), ws[1].numel())
+        ws = (torch.zeros(max(floats, old[0]), dtype=torch.float32, device=device),
+              torch.zeros(max(locks, old[1], 1024), dtype=torch.int32, device=device))
+        _WORKSPACE[idx] = ws
+    return ws
+
+
+def linear(x: torch.Tensor, r: MmaWeights, config: MmaConfig | None = None) -> torch.Tensor:
+    """``x`` (M, K) bf16 -> (M, N) bf16 through the CUDA kernel (M <= 64)."""
+    import ctypes
+
+    from trit.kernels.cuda import nvrtc
+    from trit.kernels.triton.device import sm_count
+
+    m, k = x.shape
+    if x.dtype != torch.bfloat16 or k != r.k or k % 8:
+        raise ValueError(f"trit_mma takes bf16 x with K = {r.k} (a multiple of 8), got {x.dtype} {tuple(x.shape)}")
+    x = x.contiguous()
+    mt = token_tiles(m)
+    cfg = config or heuristic(m, r, sm_count())
+    smem = smem_bytes(mt, cfg, r.group_size)
+    kern = nvrtc.load(source(), kernel_name(mt, cfg, r.group_size), smem=smem)
+    blocks = -(-r.row_tiles // (cfg.warps * cfg.rt))
+    chunks = -(-r.k_steps // cfg.ki)
+    splits = max(1, min(cfg.splits, chunks))
+    per_split = -(-chunks // splits)
+    splits = -(-chunks // per_split)
+    y = torch.empty(m, r.n, dtype=torch.bfloat16, device=x.device)
+    ws, locks = workspace(x.device, m * r.n if splits > 1 else 0, blocks)
+    args = [ctypes.c_void_p(t.data_ptr()) for t in (r.wq, r.sc, x, y, ws, locks)]
+    args += [ctypes.c_int(v) for v in (m, r.n, k, r.k_steps, r.scale_groups, per_split, splits)]
+    kern.launch((blocks, splits, 1), cfg.warps * 32, smem, args)
+    return y

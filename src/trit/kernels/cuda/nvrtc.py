@@ -1,0 +1,169 @@
+"""CUDA C++ kernels compiled at first use with NVRTC and launched through the driver API.
+
+No compiler for the user to bring: NVRTC is a library that CUDA builds of torch
+already depend on (``nvidia-cuda-nvrtc``). A compiled kernel's binary is kept
+in ``$TRIT_CACHE/cuda/`` under a hash of its source, name, options and GPU
+architecture. Launches go on torch's current stream, so CUDA graphs capture
+them like any other kernel. Everything here talks to the two C libraries
+through ``ctypes``; any failure raises :class:`CudaUnavailable` with the
+reason, and callers fall back to the Triton kernels.
+"""
+
+from __future__ import annotations
+
+import ctypes
+import hashlib
+import os
+import sys
+from dataclasses import dataclass
+from pathlib import Path
+
+from trit.cache import cache_dir
+
+
+class CudaUnavailable(RuntimeError):
+    """NVRTC or the CUDA driver could not compile, load or launch a kernel; the message says why."""
+
+
+def _site_dirs() -> list[Path]:
+    return [Path(p) for p in sys.path if p and Path(p).is_dir()]
+
+
+def _nvrtc_candidates() -> list[str]:
+    names = [os.environ["TRIT_NVRTC"]] if os.environ.get("TRIT_NVRTC") else []
+    for site in _site_dirs():
+        for sub in ("nvidia/cu13/lib", "nvidia/cuda_nvrtc/lib", "nvidia/cu12/lib"):
+            d = site / sub
+            if d.is_dir():
+                names += sorted(str(p) for p in d.glob("libnvrtc.so.*") if "builtins" not in p.name)
+    return names + ["libnvrtc.so.13", "libnvrtc.so.12", "libnvrtc.so"]
+
+
+_NVRTC: ctypes.CDLL | None = None
+
+
+def nvrtc() -> ctypes.CDLL:
+    """The NVRTC library, found beside the installed Python packages or on the loader's path."""
+    global _NVRTC
+    if _NVRTC is None:
+        tried = []
+        for name in _nvrtc_candidates():
+            try:
+                _NVRTC = ctypes.CDLL(name)
+                break
+            except OSError as e:
+                tried.append(f"{name} ({e})")
+        else:
+            raise CudaUnavailable("NVRTC not found; tried " + ", ".join(tried[-3:]))
+    return _NVRTC
+
+
+def _nvrtc_check(code: int, what: str) -> None:
+    if code != 0:
+        lib = nvrtc()
+        lib.nvrtcGetErrorString.restype = ctypes.c_char_p
+        raise CudaUnavailable(f"NVRTC {what}: {lib.nvrtcGetErrorString(code).decode()}")
+
+
+def compile_cubin(source: str, name: str, arch: str, options: tuple[str, ...] = ()) -> tuple[bytes, str, str]:
+    """Compile ``source`` for ``arch`` (e.g. ``"sm_90"``) and return (cubin, lowered name of ``name``, log).
+
+    ``name`` may be a template instantiation such as ``"kern<2, 64>"``.
+    """
+    lib = nvrtc()
+    prog = ctypes.c_void_p()
+    _nvrtc_check(lib.nvrtcCreateProgram(ctypes.byref(prog), source.encode(), b"trit.cu", 0, None, None), "create")
+    try:
+        _nvrtc_check(lib.nvrtcAddNameExpression(prog, name.encode()), "name")
+        opts = [f"--gpu-architecture={arch}", "-std=c++17", *options]
+        arr = (ctypes.c_char_p * len(opts))(*[o.encode() for o in opts])
+        res = lib.nvrtcCompileProgram(prog, len(opts), arr)
+        size = ctypes.c_size_t()
+        lib.nvrtcGetProgramLogSize(prog, ctypes.byref(size))
+        buf = ctypes.create_string_buffer(size.value)
+        lib.nvrtcGetProgramLog(prog, buf)
+        log = buf.value.decode(errors="replace")
+        if res != 0:
+            raise CudaUnavailable(f"NVRTC could not compile {name} for {arch}:\n{log}")
+        _nvrtc_check(lib.nvrtcGetCUBINSize(prog, ctypes.byref(size)), "cubin size")
+        cubin = ctypes.create_string_buffer(size.value)
+        _nvrtc_check(lib.nvrtcGetCUBIN(prog, cubin), "cubin")
+        lowered = ctypes.c_char_p()
+        _nvrtc_check(lib.nvrtcGetLoweredName(prog, name.encode(), ctypes.byref(lowered)), "lowered name")
+        return cubin.raw, lowered.value.decode(), log
+    finally:
+        lib.nvrtcDestroyProgram(ctypes.byref(prog))
+
+
+_DRIVER: ctypes.CDLL | None = None
+
+
+def driver() -> ctypes.CDLL:
+    global _DRIVER
+    if _DRIVER is None:
+        try:
+            _DRIVER = ctypes.CDLL("libcuda.so.1")
+        except OSError as e:
+            raise CudaUnavailable(f"the CUDA driver (libcuda.so.1) could not be loaded: {e}") from e
+    return _DRIVER
+
+
+def _cu_check(code: int, what: str) -> None:
+    if code != 0:
+        s = ctypes.c_char_p()
+        driver().cuGetErrorString(code, ctypes.byref(s))
+        raise CudaUnavailable(f"CUDA driver {what}: {s.value.decode() if s.value else code}")
+
+
+@dataclass
+class Kernel:
+    """A loaded kernel: ``launch(grid, block, smem, args)`` on torch's current stream."""
+
+    name: str
+    module: ctypes.c_void_p
+    func: ctypes.c_void_p
+
+    def launch(self, grid: tuple[int, int, int], block: int, smem: int, args: list) -> None:
+        import torch
+
+        params = (ctypes.c_void_p * len(args))(*[ctypes.cast(ctypes.pointer(a), ctypes.c_void_p) for a in args])
+        stream = torch.cuda.current_stream().cuda_stream
+        _cu_check(driver().cuLaunchKernel(self.func, grid[0], grid[1], grid[2], block, 1, 1, smem,
+                                          ctypes.c_void_p(stream), params, None), f"launch of {self.name}")
+
+
+_LOADED: dict[tuple[str, str, str, tuple[str, ...], int], Kernel] = {}
+
+
+def load(source: str, name: str, options: tuple[str, ...] = (), smem: int = 0) -> Kernel:
+    """Compile (or take from the disk cache) and load ``name`` for the current GPU."""
+    import torch
+
+    dev = torch.cuda.current_device()
+    major, minor = torch.cuda.get_device_capability(dev)
+    arch = f"sm_{major}{minor}"
+    key = (source, name, arch, options, dev)
+    if key in _LOADED:
+        return _LOADED[key]
+    digest = hashlib.sha256("\0".join([source, name, arch, *options]).encode()).hexdigest()[:24]
+    path = cache_dir() / "cuda" / f"{digest}.cubin"
+    lowered_path = path.with_suffix(".name")
+    if path.exists() and lowered_path.exists():
+        cubin, lowered = path.read_bytes(), lowered_path.read_text()
+    else:
+        cubin, lowered, _ = compile_cubin(source, name, arch, options)
+        path.parent.mkdir(parents=True, exist_ok=True)
+        tmp = path.with_suffix(f".tmp{os.getpid()}")
+        tmp.write_bytes(cubin)
+        os.replace(tmp, path)
+        lowered_path.write_text(lowered)
+    torch.cuda.init()
+    torch.empty(1, device="cuda")  # a current context
+    module, func = ctypes.c_void_p(), ctypes.c_void_p()
+    _cu_check(driver().cuModuleLoadData(ctypes.byref(module), cubin), f"load of {name}")
+    _cu_check(driver().cuModuleGetFunction(ctypes.byref(func), module, lowered.encode()), f"lookup of {name}")
+    if smem > 48 * 1024:
+        _cu_check(driver().cuFuncSetAttribute(func, 8, smem), f"shared memory of {name}")  # MAX_DYNAMIC_SHARED_SIZE
+    kern = Kernel(name, module, func)
+    _LOADED[key] = kern
+    return kern

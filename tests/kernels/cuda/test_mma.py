@@ -1,0 +1,122 @@
+"""The mma layout and kernel (``trit/kernels/cuda/mma.py``, ``mma.cu``).
+
+On the CPU: the load-time layout against format v1 (exact round trip, and the
+fragment map of the docstring checked bit by bit, independently of the
+repack's own index tables); the decode's bf16 constants; and, where NVRTC is
+installed, that every kernel variant compiles for sm_80 and sm_90. On a GPU:
+the kernel against the reference on odd shapes.
+"""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from trit import format as fmt
+from trit.kernels.cuda import mma, nvrtc
+from trit.kernels.reference import linear as ref_linear
+from trit.synthetic import random_packed
+
+SHAPES = [(34, 128, 64), (64, 576, 64), (33, 192, fmt.PER_ROW), (130, 256, 32), (50, 640, 128), (17, 1000, -1)]
+
+
+def _layer(n: int, k: int, g: int, device: str = "cpu") -> tuple[torch.Tensor, torch.Tensor]:
+    kp = fmt.padded_k(k, g)
+    packed = random_packed((n, kp // 4), device)
+    scale = (torch.rand(n, fmt.num_groups(g, kp), device=device) * 0.02 + 0.005).half()
+    return packed, scale
+
+
+@pytest.mark.parametrize(("n", "k", "g"), SHAPES)
+def test_the_layout_holds_the_weight_exactly(n: int, k: int, g: int) -> None:
+    packed, scale = _layer(n, k, g)
+    r = mma.repack(packed, scale, g, k)
+    assert r.wq.dtype == torch.int32 and r.wq.shape == (-(-n // 16), -(-fmt.padded_k(k, g) // 128), 32, 4)
+    want = fmt.dequantize(packed, scale.to(torch.bfloat16).float(), k)
+    assert torch.equal(mma.unpack_layout(r), want)
+
+
+def test_the_bits_sit_where_the_docstring_says() -> None:
+    n, k, g = 40, 384, 64
+    packed, scale = _layer(n, k, g)
+    codes = fmt.unpack_codes(packed).long()
+    r = mma.repack(packed, scale, g, k)
+    words = r.wq.long() & 0xFFFFFFFF
+    gen = torch.Generator().manual_seed(1)
+    for _ in range(200):
+        tile, step, lane, j, q = (int(torch.randint(hi, (1,), generator=gen)) for hi in (3, 3, 32, 4, 8))
+        g_, t = lane // 4, lane % 4
+        s, reg = q // 4, q % 4
+        row = 16 * tile + g_ + (8 if reg in (1, 3) else 0)
+        col = 128 * step + 32 * j + 16 * s + 2 * t + (8 if reg >= 2 else 0)
+        w = int(words[tile, step, lane, j])
+        for element, shift in ((0, 2 * q), (1, 16 + 2 * q)):
+            got = (w >> shift) & 3
+            want = int(codes[row, col + element]) if row < n else 1  # rows past N: zero weights (code 1)
+            assert got == want, (tile, step, lane, j, q, element)
+    sw = r.sc.long() & 0xFFFFFFFF
+    s16 = scale.to(torch.bfloat16).view(torch.int16).long() & 0xFFFF
+    for tile in range(3):
+        for grp in range(scale.shape[1]):
+            for g_ in range(8):
+                lo, hi = int(sw[tile, grp, g_]) & 0xFFFF, int(sw[tile, grp, g_]) >> 16
+                assert lo == int(s16[16 * tile + g_, grp])
+                assert hi == (int(s16[16 * tile + g_ + 8, grp]) if 16 * tile + g_ + 8 < n else 0)
+
+
+def _bf16(bits: int) -> float:
+    return float(torch.tensor([bits], dtype=torch.int32).to(torch.int16).view(torch.bfloat16).float())
+
+
+def test_the_decode_constants_are_exact() -> None:
+    """``0x4300 | c`` is the bf16 128 + c, and minus 129 it is c - 1: the constants ``mma.cu`` uses."""
+    assert (_bf16(0x3F80), _bf16(0xC301), _bf16(0x4300)) == (1, -129, 128)
+    for c in range(3):
+        assert _bf16(0x4300 | c) == 128 + c
+        assert torch.tensor(_bf16(0x4300 | c), dtype=torch.bfloat16) - 129.0 == c - 1
+
+
+def test_configs_and_shared_memory() -> None:
+    assert [mma.token_tiles(m) for m in (1, 8, 9, 16, 17, 64)] == [1, 1, 2, 2, 4, 8]
+    with pytest.raises(ValueError, match="M <= 64"):
+        mma.token_tiles(65)
+    cfg = mma.MmaConfig(rt=2, ki=2, splits=1, stages=3, fold=True, warps=4)
+    # 3 stages x (16 token rows x 264 bf16 + 4 warps x 2 tiles x 2 steps x 512 B + 4 x 2 x 4 groups x 32 B)
+    assert mma.smem_bytes(2, cfg, 64) == 3 * (16 * 264 * 2 + 8192 + 1024)
+    assert mma.kernel_name(2, cfg, fmt.PER_ROW) == "trit_mma<2, 2, 2, 0, 3, true, 4>"
+    with pytest.raises(ValueError, match="groups"):
+        mma.repack(*_layer(16, 96, 48), 48)
+
+
+def _have_nvrtc() -> bool:
+    try:
+        nvrtc.nvrtc()
+    except nvrtc.CudaUnavailable:
+        return False
+    return True
+
+
+@pytest.mark.skipif(not _have_nvrtc(), reason="NVRTC is not installed here (CUDA builds of torch bring it)")
+@pytest.mark.parametrize("arch", ["sm_80", "sm_90"])
+def test_every_variant_compiles(arch: str) -> None:
+    for mt in (1, 2, 4, 8):
+        for g in (32, 64, 128, fmt.PER_ROW):
+            cfg = mma.MmaConfig(rt=2, ki=1 if mt == 8 else 2, stages=3, fold=mt <= 4, warps=8 if mt == 8 else 4)
+            cubin, lowered, log = nvrtc.compile_cubin(mma.source(), mma.kernel_name(mt, cfg, g), arch)
+            assert len(cubin) > 1000 and lowered.startswith("_Z8trit_mma"), log
+
+
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a GPU")
+@pytest.mark.parametrize("m", [1, 3, 17, 64])
+@pytest.mark.parametrize(("n", "k", "g"), SHAPES)
+def test_the_kernel_matches_the_reference(m: int, n: int, k: int, g: int) -> None:
+    packed, scale = _layer(n, k, g, "cuda")
+    r = mma.repack(packed, scale, g, k)
+    x = torch.randn(m, k, dtype=torch.bfloat16, device="cuda")
+    want = ref_linear(x, packed, scale, g).float()
+    dense = torch.nn.functional.linear(x, mma.unpack_layout(r).to(torch.bfloat16)).float()
+    bound = 2 * float((dense - want).norm() / want.norm()) + 1e-3
+    for cfg in (mma.MmaConfig(1, 1, 1, 3, False), mma.MmaConfig(2, 2, 3, 4, True), mma.MmaConfig(1, 1, 2, 3, False, 8)):
+        for _ in range(2):  # twice: split-K leaves its workspace zero for the next call
+            y = mma.linear(x, r, cfg).float()
+            assert float((y - want).norm() / want.norm()) < bound, cfg
