@@ -50,7 +50,7 @@ def test_the_bits_sit_where_the_docstring_says() -> None:
         row = 16 * tile + g_ + (8 if reg in (1, 3) else 0)
         col = 128 * step + 32 * j + 16 * s + 2 * t + (8 if reg >= 2 else 0)
         w = int(words[tile, step, lane, j])
-        for element, shift in ((0, 4 * reg + 2 * s), (1, 16 + 4 * reg + 2 * s)):
+        for element, shift in ((0, 2 * q), (1, 16 + 2 * q)):
             got = (w >> shift) & 3
             want = int(codes[row, col + element]) if row < n else 1  # rows past N: zero weights (code 1)
             assert got == want, (tile, step, lane, j, q, element)
@@ -69,14 +69,11 @@ def _bf16(bits: int) -> float:
 
 
 def test_the_decode_constants_are_exact() -> None:
-    """``0x4300 | c`` is the bf16 128 + c and ``0x4200 | c << 2`` is 32 + c; minus 129 or 33 they are
-    c - 1. These are the constants ``mma.cu`` uses."""
-    assert (_bf16(0x3F80), _bf16(0xC301), _bf16(0xC204), _bf16(0x4300), _bf16(0x4200)) == (1, -129, -33, 128, 32)
+    """``0x4300 | c`` is the bf16 128 + c, and minus 129 it is c - 1: the constants ``mma.cu`` uses."""
+    assert (_bf16(0x3F80), _bf16(0xC301), _bf16(0x4300)) == (1, -129, 128)
     for c in range(3):
-        assert _bf16(0x4300 | c) == 128 + c and _bf16(0x4200 | c << 2) == 32 + c
-        first = torch.tensor(_bf16(0x4300 | c), dtype=torch.bfloat16) - 129.0
-        second = torch.tensor(_bf16(0x4200 | c << 2), dtype=torch.bfloat16) - 33.0
-        assert first == c - 1 and second == c - 1
+        assert _bf16(0x4300 | c) == 128 + c
+        assert torch.tensor(_bf16(0x4300 | c), dtype=torch.bfloat16) - 129.0 == c - 1
 
 
 def test_configs_and_shared_memory() -> None:

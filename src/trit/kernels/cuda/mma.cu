@@ -5,8 +5,8 @@
 // MMA's A operand (m16n8k16, bf16 in, fp32 accumulate) and up to 64 tokens its
 // B operand. One 128-bit load gives a lane the codes of all its A fragments for
 // 128 inputs of a 16-row tile; a 32-bit word decodes into the eight A registers
-// of two k16 steps with a lop3, a bf16x2 FMA (code -> -1, 0, +1) and a bf16x2
-// multiply by the group scale for each register, and a shift for every two. Activations are staged in
+// of two k16 steps with a shift, a lop3, a bf16x2 FMA (code -> -1, 0, +1) and a
+// bf16x2 multiply by the group scale for each register. Activations are staged in
 // shared memory a chunk at a time (cp.async, double-buffered) and read with
 // ldmatrix; codes and scales go through the same ring of shared-memory stages,
 // filled by cp.async several chunks ahead.
@@ -95,38 +95,31 @@ __device__ __forceinline__ void red_add(float* p, float v) {
     asm volatile("red.global.add.f32 [%0], %1;" ::"l"(p), "f"(v) : "memory");
 }
 
-// A code c in bits 0-1 of each half, OR-ed into 128.0 (0x4300), is the bf16 128 + c,
-// and in bits 2-3, OR-ed into 32.0 (0x4200), the bf16 32 + c (a mantissa step of 1
-// either way); minus 129 or 33 it is c - 1 exactly.
+// A code c in bits 0-1 of each half, OR-ed into 128.0 (0x4300), is the bf16 128 + c;
+// minus 129 it is c - 1 exactly.
 #define ONE 0x3F803F80u
 #define M129 0xC301C301u
-#define M33 0xC204C204u
 #define BASE 0x43004300u
-#define BASE2 0x42004200u
 #define NEG_ZERO 0x80008000u
 
-// One word: the codes of the eight A registers of two k16 steps; register r of
-// step s in bits 4r + 2s (element 0) and 16 + 4r + 2s (element 1), so one shift
-// serves a register of each step. Registers 0 and 2 hold row g, 1 and 3 row g + 8:
-// s0 and s1 are their scales, in both halves. ``mask`` is 0x00030003 and ``mask2``
-// 0x000C000C, held in registers (see the kernel's arguments).
-__device__ __forceinline__ void decode(u32 w, u32 s0, u32 s1, u32 mask, u32 mask2, u32 (&a)[8]) {
-#pragma unroll
-    for (int r = 0; r < 4; ++r) {
-        const u32 t = w >> (4 * r), s = (r & 1) ? s1 : s0;
-        a[r] = fma_bf16x2(fma_bf16x2((t & mask) | BASE, ONE, M129), s, NEG_ZERO);
-        a[4 + r] = fma_bf16x2(fma_bf16x2((t & mask2) | BASE2, ONE, M33), s, NEG_ZERO);
-    }
+__device__ __forceinline__ u32 ternary(u32 w, int q, u32 s, u32 mask) {
+    return fma_bf16x2(fma_bf16x2(((w >> (2 * q)) & mask) | BASE, ONE, M129), s, NEG_ZERO);
 }
 
-// Without the offset and the scale: step 0's registers hold 128 + c, step 1's 32 + c.
-__device__ __forceinline__ void decode_raw(u32 w, u32 mask, u32 mask2, u32 (&a)[8]) {
+// One word: the codes of the eight A registers of two k16 steps, register q in
+// bits 2q (element 0) and 16 + 2q (element 1). Registers 0 and 2 (4 and 6) hold
+// row g, 1 and 3 (5 and 7) row g + 8: s0 and s1 are their scales, both halves.
+// ``mask`` is 0x00030003, held in a register (the compiler would otherwise
+// rematerialize the constant before every lop3).
+__device__ __forceinline__ void decode(u32 w, u32 s0, u32 s1, u32 mask, u32 (&a)[8]) {
 #pragma unroll
-    for (int r = 0; r < 4; ++r) {
-        const u32 t = w >> (4 * r);
-        a[r] = (t & mask) | BASE;
-        a[4 + r] = (t & mask2) | BASE2;
-    }
+    for (int q = 0; q < 8; ++q) a[q] = ternary(w, q, (q & 1) ? s1 : s0, mask);
+}
+
+// Without the -129 and the scale: register q is the bf16 pair 128 + c, two ops.
+__device__ __forceinline__ void decode_raw(u32 w, u32 mask, u32 (&a)[8]) {
+#pragma unroll
+    for (int q = 0; q < 8; ++q) a[q] = ((w >> (2 * q)) & mask) | BASE;
 }
 
 __device__ __forceinline__ u32 splat_lo(u32 v) { return __byte_perm(v, 0, 0x1010); }
@@ -147,20 +140,16 @@ __device__ __forceinline__ u32 lds32(u32 addr) {
 // MT: token tiles of 8 (M <= 8 * MT); RT: 16-row tiles a warp; KI: 128-input steps a
 // chunk; GS: inputs a scale (32, 64, 128; 0 = one scale a row); ST: pipeline stages;
 // NW: warps a block (they share the staged activations);
-// FOLD: multiply the raw codes (128 + c in a word's first k16 step, 32 + c in its
-// second) and fold the offset and the scale in per group, in fp32: sum (c - 1) s x =
-// s (sum (raw) x - 129 sum_first x - 33 sum_second x), the offsets from MMAs of
-// constant rows (-129 or -33) shared by a warp's row tiles (two ops a register
-// instead of four; the fix-up costs 8 MT ops a group and tile, so it pays for few
-// tokens). The first MMA of each group starts its sums from zero.
-// A stage holds a chunk's activations, codes and scales, filled by cp.async
-// ST - 1 chunks ahead of the one being multiplied; one barrier a chunk.
+// FOLD: multiply the raw codes (128 + c) and fold the offset and the scale in per
+// group, in fp32: sum (c - 1) s x = s (sum (128 + c) x - 129 sum x), with sum x
+// from an MMA of all-ones rows (two ops a register instead of four; the fix-up
+// costs about 12 MT ops a group and tile, so it pays for few tokens). The first
+// MMA of each group starts its sums from zero.
 template <int MT, int RT, int KI, int GS, int ST, bool FOLD, int NW>
 __global__ void __launch_bounds__(NW * 32) trit_mma(const U4* __restrict__ wq, const u32* __restrict__ sc,
                                                 const u16* __restrict__ x, u16* __restrict__ y,
                                                 float* __restrict__ ws, int* __restrict__ locks, int M, int N,
-                                                int K, int KS, int GP, int chunks_per_split, int splits,
-                                                   u32 mask, u32 mask2, u32 m129, u32 m33) {
+                                                int K, int KS, int GP, int chunks_per_split, int splits) {
     constexpr int KC = KI * 128;                      // inputs a chunk
     constexpr int LDS = KC + 8;                       // smem row stride (bf16): 16 bytes of padding, no bank conflicts
     constexpr int ROWS = MT * 8;                      // token rows staged
@@ -179,8 +168,7 @@ __global__ void __launch_bounds__(NW * 32) trit_mma(const U4* __restrict__ wq, c
     const int nchunks = (KS + KI - 1) / KI;
     const int c0 = blockIdx.y * chunks_per_split;
     const int c1 = min(nchunks, c0 + chunks_per_split);
-    // mask, mask2, m129, m33: 0x00030003, 0x000C000C and bf16 (-129, -129), (-33, -33), passed as arguments so that
-    // the compiler keeps them in registers instead of rebuilding them before every use.
+    const u32 mask = 0x00030003u | (u32)(M >> 30);  // M < 2^30: the constant, opaque to the compiler
     const u32 base = smem_addr(smem);
 
     float acc[RT][MT][4];
@@ -192,18 +180,20 @@ __global__ void __launch_bounds__(NW * 32) trit_mma(const U4* __restrict__ wq, c
             for (int e = 0; e < 4; ++e) acc[r][j][e] = 0.f;
 
     constexpr int FIX = GS == 0 ? 4 : GS / 32;  // FOLD: words between fix-ups (a group, or a 128-step)
-    // FOLD: this group's sums of raw code times x (a row tile's), and of the offsets
-    // -129 x (first k16 step of a word) and -33 x (second), from MMAs of constant rows
-    float tmp[RT][MT][4], off[MT][4];
+    // FOLD: this group's sums of (128 + c) x and of x, one set for each of a word's two
+    // k16 steps (two independent MMA chains)
+    float tmp[2][RT][MT][4], xsum[2][MT][4];
 #pragma unroll
-    for (int tt = 0; tt < MT; ++tt)
+    for (int h = 0; h < 2; ++h)
 #pragma unroll
-        for (int e = 0; e < 4; ++e) {
-            off[tt][e] = 0.f;
+        for (int tt = 0; tt < MT; ++tt)
 #pragma unroll
-            for (int r = 0; r < RT; ++r) tmp[r][tt][e] = 0.f;
-        }
-    const u32 rows129[4] = {m129, m129, m129, m129}, rows33[4] = {m33, m33, m33, m33};
+            for (int e = 0; e < 4; ++e) {
+                xsum[h][tt][e] = 0.f;
+#pragma unroll
+                for (int r = 0; r < RT; ++r) tmp[h][r][tt][e] = 0.f;
+            }
+    const u32 ones[4] = {ONE, ONE, ONE, ONE};
     auto scale_word = [&](u32 sb, int r, int grp_in_chunk, u32 whole_row) -> u32 {
         return GS == 0 ? whole_row : lds32(sb + X_BYTES + W_BYTES + ((warp * RT + r) * NGC * 8 + grp_in_chunk * 8 + g) * 4);
     };
@@ -320,26 +310,26 @@ __global__ void __launch_bounds__(NW * 32) trit_mma(const U4* __restrict__ wq, c
                     for (int s = 0; s < 2; ++s)
 #pragma unroll
                         for (int tt = 0; tt < MT; ++tt)
-                            if (word % FIX == 0 && s == 0) mma_bf16_first(off[tt], rows129, b[0][tt][0], b[0][tt][1]);
-                            else mma_bf16(off[tt], s == 0 ? rows129 : rows33, b[s][tt][0], b[s][tt][1]);
+                            if (word % FIX == 0) mma_bf16_first(xsum[s][tt], ones, b[s][tt][0], b[s][tt][1]);
+                            else mma_bf16(xsum[s][tt], ones, b[s][tt][0], b[s][tt][1]);
                 }
 #pragma unroll
                 for (int r = 0; r < RT; ++r) {  // a tile past N multiplies stale shared memory, never stored
                     const u32 w = j == 0 ? wv[r].x : j == 1 ? wv[r].y : j == 2 ? wv[r].z : wv[r].w;
                     u32 a[8];
                     if (FOLD) {
-                        decode_raw(w, mask, mask2, a);
+                        decode_raw(w, mask, a);
                     } else {
                         const u32 sw = scale_word(sb, r, word / WPG, row_scale[r]);
-                        decode(w, splat_lo(sw), splat_hi(sw), mask, mask2, a);
+                        decode(w, splat_lo(sw), splat_hi(sw), mask, a);
                     }
 #pragma unroll
                     for (int s = 0; s < 2; ++s)
 #pragma unroll
                         for (int tt = 0; tt < MT; ++tt)
                             if (!FOLD) mma_bf16(acc[r][tt], a + 4 * s, b[s][tt][0], b[s][tt][1]);
-                            else if (word % FIX == 0 && s == 0) mma_bf16_first(tmp[r][tt], a, b[0][tt][0], b[0][tt][1]);
-                            else mma_bf16(tmp[r][tt], a + 4 * s, b[s][tt][0], b[s][tt][1]);
+                            else if (word % FIX == 0) mma_bf16_first(tmp[s][r][tt], a + 4 * s, b[s][tt][0], b[s][tt][1]);
+                            else mma_bf16(tmp[s][r][tt], a + 4 * s, b[s][tt][0], b[s][tt][1]);
                 }
                 if (FOLD && (word + 1) % FIX == 0) {
 #pragma unroll
@@ -349,8 +339,10 @@ __global__ void __launch_bounds__(NW * 32) trit_mma(const U4* __restrict__ wq, c
 #pragma unroll
                         for (int tt = 0; tt < MT; ++tt)
 #pragma unroll
-                            for (int e = 0; e < 4; ++e)
-                                acc[r][tt][e] = fmaf(e < 2 ? s0 : s1, tmp[r][tt][e] + off[tt][e], acc[r][tt][e]);
+                            for (int e = 0; e < 4; ++e) {
+                                const float v = tmp[0][r][tt][e] + tmp[1][r][tt][e];
+                                acc[r][tt][e] += (e < 2 ? s0 : s1) * fmaf(-129.f, xsum[0][tt][e] + xsum[1][tt][e], v);
+                            }
                     }
                 }
             }

@@ -8,8 +8,8 @@ the A operand, 16 output rows a tile). For row tile ``T`` (rows ``16T..16T+15``)
 128-input step ``S`` and lane ``l`` (``g = l // 4``, ``t = l % 4``), one 16-byte
 vector ``wq[T, S, l]`` holds four 32-bit words; word ``j`` covers inputs
 ``128S + 32j`` to ``+32``, that is two k16 steps ``s``, and in it register
-``r`` of the A fragment of step ``s`` sits in bits ``4r + 2s`` (its first element)
-and ``16 + 4r + 2s`` (its second):
+``q = 4s + r`` of the A fragment sits in bits ``2q`` (its first element) and
+``16 + 2q`` (its second):
 
     r = 0: row g,     inputs 16s + 2t, +1      r = 1: row g + 8, the same inputs
     r = 2: row g,     inputs 16s + 2t + 8, +9  r = 3: row g + 8, the same inputs
@@ -82,12 +82,6 @@ def _index_tables(device: torch.device) -> tuple[torch.Tensor, torch.Tensor]:
     return rows, cols
 
 
-def _bit_positions(device: torch.device) -> torch.Tensor:
-    """Bit of the first element of register ``q = 4s + r`` (step s, register r) in its word: ``4r + 2s``."""
-    q = torch.arange(8, device=device, dtype=torch.int32)
-    return 4 * (q % 4) + 2 * (q // 4)
-
-
 def repack(packed: torch.Tensor, scale: torch.Tensor, group_size: int, in_features: int | None = None) -> MmaWeights:
     """Format-v1 ``packed`` (N, K_pad // 4) uint8 and ``scale`` (N, G) -> the mma layout (same device)."""
     n, k_pad = packed.shape[0], packed.shape[1] * 4
@@ -101,7 +95,7 @@ def repack(packed: torch.Tensor, scale: torch.Tensor, group_size: int, in_featur
     c5 = codes.view(nt, ROW_TILE, ks, K_STEP).permute(0, 2, 1, 3)  # (NT, KS, 16, 128)
     rows, cols = _index_tables(dev)
     lo, hi = c5[:, :, rows, cols], c5[:, :, rows, cols + 1]  # (NT, KS, 32, 4, 8)
-    shift = _bit_positions(dev)
+    shift = 2 * torch.arange(8, device=dev, dtype=torch.int32)
     words = ((lo << shift) | (hi << (shift + 16))).sum(-1, dtype=torch.int64)  # disjoint bits: sum is OR
     wq = words.to(torch.int64).where(words < 2**31, words - 2**32).to(torch.int32).contiguous()
 
@@ -119,7 +113,7 @@ def unpack_layout(r: MmaWeights) -> torch.Tensor:
     """The dense float32 weight (N, K) that the kernel computes with, decoded from the layout as it does."""
     nt, ks = r.row_tiles, r.k_steps
     w = r.wq.to(torch.int64) & 0xFFFFFFFF  # (NT, KS, 32, 4)
-    shift = _bit_positions(w.device).long()
+    shift = 2 * torch.arange(8, device=w.device)
     lo = (w[..., None] >> shift) & 3
     hi = (w[..., None] >> (shift + 16)) & 3  # (NT, KS, 32, 4, 8)
     codes = torch.empty(nt, ks, ROW_TILE, K_STEP, dtype=torch.int64, device=w.device)
@@ -221,6 +215,5 @@ def linear(x: torch.Tensor, r: MmaWeights, config: MmaConfig | None = None) -> t
     ws, locks = workspace(x.device, m * r.n if splits > 1 else 0, blocks)
     args = [ctypes.c_void_p(t.data_ptr()) for t in (r.wq, r.sc, x, y, ws, locks)]
     args += [ctypes.c_int(v) for v in (m, r.n, k, r.k_steps, r.scale_groups, per_split, splits)]
-    args += [ctypes.c_uint32(v) for v in (0x00030003, 0x000C000C, 0xC301C301, 0xC204C204)]  # masks; bf16 -129, -33
     kern.launch((blocks, splits, 1), cfg.warps * 32, smem, args)
     return y
