@@ -12,7 +12,10 @@ unit of work a thread (a word of 16 weights for the GEMV, a weight for the
 tensor-core kernels, a word for the dequantize). It uses the ``ptxas`` and
 ``cuobjdump`` that ship with triton, so the counts are those of the installed
 triton: a CPU can guard them exactly (the figures of the regression guard,
-:mod:`trit.bench.guard`; a baseline of another triton is refused).
+:mod:`trit.bench.guard`; a baseline of another triton is refused). The CUDA C++
+kernel (``trit.kernels.cuda.mma``, not dispatched yet) is compiled with NVRTC
+at the config its heuristic picks for that problem, where NVRTC is installed;
+its version is then one of the versions a baseline must match.
 """
 
 from __future__ import annotations
@@ -38,6 +41,7 @@ BIN = Path(triton.__file__).parent / "backends" / "nvidia" / "bin"
 N, K, GROUP = 28672, 4096, 64
 # kernel -> the M its table entry is keyed at (the rows it runs with)
 KERNELS = {"gemv": 1, "skinny": 16, "gemm": 64, "dequant": 2048, "gemm_a8": 512}
+CUDA_KERNELS = {"mma": 16}  # the CUDA C++ kernels, compiled with NVRTC
 LINE = re.compile(r"\s*/\*([0-9a-f]{4,})\*/\s+(?:@!?U?P\w+\s+)?([A-Z][A-Z0-9_]+)")
 COMMON = {"x_ptr": "*bf16", "w_ptr": "*i32", "s_ptr": "*fp16", "b_ptr": "*fp16", "y_ptr": "*bf16",
           "ws_ptr": "*fp32", "lock_ptr": "*i32"}
@@ -137,6 +141,46 @@ def compile_one(kernel: str, fields: list[int], m: int) -> dict:
             "loop_opcodes": dict(ops.most_common())}
 
 
+def nvrtc_version() -> str | None:
+    """NVRTC's version (``"13.5"``), or None where it is not installed."""
+    import ctypes
+
+    from trit.kernels.cuda import nvrtc
+
+    try:
+        lib = nvrtc.nvrtc()
+    except nvrtc.CudaUnavailable:
+        return None
+    major, minor = ctypes.c_int(), ctypes.c_int()
+    lib.nvrtcVersion(ctypes.byref(major), ctypes.byref(minor))
+    return f"{major.value}.{minor.value}"
+
+
+def compile_cuda(kernel: str, m: int) -> dict:
+    """The CUDA C++ kernel at the config :func:`trit.kernels.cuda.mma.heuristic` gives gate_up at ``m`` rows."""
+    import torch
+
+    from trit.kernels.cuda import mma, nvrtc
+    from trit.synthetic import random_packed
+
+    assert kernel == "mma", kernel
+    tile = mma.repack(random_packed((16, K // 4), "cpu"), torch.ones(16, K // GROUP), GROUP)  # one row tile
+    layer = mma.MmaWeights(tile.wq.expand(N // 16, *tile.wq.shape[1:]), tile.sc, N, K, GROUP)  # its shape is enough
+    cfg = mma.heuristic(m, layer, sms=132)  # an H200's SMs
+    mt = mma.token_tiles(m)
+    cubin, _, _ = nvrtc.compile_cubin(mma.source(), mma.kernel_name(mt, cfg, GROUP), "sm_90")
+    usage, sass = disassemble(cubin)
+    ops = loop_ops(sass)
+    total = sum(ops.values())
+    per_trip = cfg.rt * cfg.ki * 4 * 16  # a lane's weights a chunk: rt tiles x ki steps x 4 words of 16
+    fields = [cfg.rt, cfg.ki, cfg.splits, cfg.stages, int(cfg.fold), cfg.warps]
+    return {"kernel": kernel, "config": fields, "m": m,
+            "registers": int(re.search(r"REG:(\d+)", usage).group(1)),
+            "stack_bytes": int(re.search(r"STACK:(\d+)", usage).group(1)),
+            "loop_instructions": total, "per_thread_per_trip": per_trip, "unit": "weight",
+            "loop_instructions_per_unit": total / per_trip, "loop_opcodes": dict(ops.most_common())}
+
+
 def shipped_config(kernel: str) -> list[int]:
     """The config the shipped tuned table holds for gate_up at the kernel's M (its default where none)."""
     import dataclasses
@@ -165,10 +209,15 @@ def shipped_config(kernel: str) -> list[int]:
 
 def report() -> Report:
     """Every shipped kernel at its shipped config: registers and loop instructions a unit of work."""
-    rep = Report("sass", "sm_90 (offline compile)", {"triton": triton.__version__},
-                 command="trit bench sass")
-    for kernel, m in KERNELS.items():
-        r = compile_one(kernel, shipped_config(kernel), m)
+    nvrtc = nvrtc_version()
+    versions = {"triton": triton.__version__, **({"nvrtc": nvrtc} if nvrtc else {})}
+    rep = Report("sass", "sm_90 (offline compile)", versions, command="trit bench sass")
+    if not nvrtc:
+        print("NVRTC is not installed: the CUDA C++ kernels are left out", flush=True)
+    runs = [(k, m, lambda k=k, m=m: compile_one(k, shipped_config(k), m)) for k, m in KERNELS.items()]
+    runs += [(k, m, lambda k=k, m=m: compile_cuda(k, m)) for k, m in CUDA_KERNELS.items() if nvrtc]
+    for kernel, m, run in runs:
+        r = run()
         label, config = f"{kernel} M={m}", ",".join(map(str, r["config"]))
         rep.figures[f"{label}: registers"] = Figure(r["registers"], f"registers a thread (config {config})")
         rep.figures[f"{label}: loop instructions"] = Figure(round(r["loop_instructions_per_unit"], 3),
