@@ -34,6 +34,7 @@ VARIANTS = {
     "bf16": None,
     "absmean": ["--method", "absmean"],
     "gptq": ["--method", "gptq"],  # the default recipe: one plane, data-free, act-order, 3 passes, float target
+    "gptq-32samples": ["--method", "gptq", "--calib-samples", "32"],  # the default before 128 windows
     "gptq-2planes": ["--method", "gptq", "--planes", "2"],
     "gptq-calib-python": ["--method", "gptq", "--calib", "python"],
     "gptq-128samples": ["--method", "gptq", "--calib-samples", "128"],

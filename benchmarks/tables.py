@@ -364,12 +364,14 @@ def domains() -> str:
 # the README's rows: (label, run file, variant), each against the bf16 row of its own run
 HEADLINE_DOMAINS = (
     ("bf16", "quality_domains_h200_variants.json", "bf16"),
-    ("one plane, the default (`trit quantize MODEL OUT`)", "quality_domains_h200_variants.json", "gptq-random-first"),
-    ("one plane, windows from BOS alone (`--calib-first bos`, the earlier default)",
-     "quality_domains_h200_bos-first.json", "gptq"),
-    ("two planes (`--planes 2`), on the CPU", "quality_domains_cpu_2planes.json", "gptq-2planes"),
-    ("two planes, windows from BOS alone (`--planes 2 --calib-first bos`)", "quality_domains_h200_bos-first.json",
-     "gptq-2planes"),
+    ("one plane, the default (`trit quantize MODEL OUT`: 128 sampled windows)", "quality_domains_cpu_128samples.json",
+     "gptq-128samples"),
+    ("one plane, 32 sampled windows (`--calib-samples 32`, the earlier default)", "quality_domains_cpu_default.json",
+     "gptq"),
+    ("one plane, 32 windows, on the H200", "quality_domains_h200_variants.json", "gptq-random-first"),
+    ("one plane, 32 windows from BOS alone (`--calib-first bos`)", "quality_domains_h200_bos-first.json", "gptq"),
+    ("two planes, 32 windows (`--planes 2 --calib-samples 32`)", "quality_domains_cpu_2planes.json", "gptq-2planes"),
+    ("two planes, 32 windows from BOS alone", "quality_domains_h200_bos-first.json", "gptq-2planes"),
 )
 DOMAIN_HEAD = ("geo. mean (x bf16)", "bits a weight")
 
