@@ -120,3 +120,14 @@ def test_the_kernel_matches_the_reference(m: int, n: int, k: int, g: int) -> Non
         for _ in range(2):  # twice: split-K leaves its workspace zero for the next call
             y = mma.linear(x, r, cfg).float()
             assert float((y - want).norm() / want.norm()) < bound, cfg
+
+
+def test_a_larger_workspace_keeps_the_smaller_one_alive(monkeypatch: pytest.MonkeyPatch) -> None:
+    """A CUDA graph captured with the smaller workspace may replay later: growing must not free it."""
+    monkeypatch.setattr(mma, "_WORKSPACE", {})
+    dev = torch.device("cpu", 0)
+    small = mma.workspace(dev, 100, 10)
+    assert mma.workspace(dev, 50, 10)[0] is small[0]  # big enough: the same buffer
+    big = mma.workspace(dev, 1000, 2000)
+    assert big[0].numel() == 1000 and big[1].numel() == 2000 and not big[0].any()
+    assert [w[0].numel() for w in mma._WORKSPACE[0]] == [100, 1000]  # the first still referenced

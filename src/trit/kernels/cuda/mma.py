@@ -176,19 +176,22 @@ def heuristic(m: int, r: MmaWeights, sms: int) -> MmaConfig:
     return MmaConfig(rt, ki, splits)
 
 
-_WORKSPACE: dict[int, tuple[torch.Tensor, torch.Tensor]] = {}
+_WORKSPACE: dict[int, list[tuple[torch.Tensor, torch.Tensor]]] = {}
 
 
 def workspace(device: torch.device, floats: int, locks: int) -> tuple[torch.Tensor, torch.Tensor]:
-    """The split-K sums (fp32, zero between calls: the last block of each row block zeroes its rows) and counters."""
+    """The split-K sums (fp32, zero between calls: the last block of each row block zeroes its rows) and counters.
+
+    A larger request adds a larger buffer; the smaller ones stay allocated, because a CUDA graph captured
+    earlier may still write to them.
+    """
     idx = device.index if device.index is not None else torch.cuda.current_device()
-    ws = _WORKSPACE.get(idx)
-    if ws is None or ws[0].numel() < floats or ws[1].numel() < locks:
-        old = (0, 0) if ws is None else (ws[0].numel(), ws[1].numel())
-        ws = (torch.zeros(max(floats, old[0]), dtype=torch.float32, device=device),
-              torch.zeros(max(locks, old[1], 1024), dtype=torch.int32, device=device))
-        _WORKSPACE[idx] = ws
-    return ws
+    kept = _WORKSPACE.setdefault(idx, [])
+    if not kept or kept[-1][0].numel() < floats or kept[-1][1].numel() < locks:
+        old = (0, 0) if not kept else (kept[-1][0].numel(), kept[-1][1].numel())
+        kept.append((torch.zeros(max(floats, old[0]), dtype=torch.float32, device=device),
+                     torch.zeros(max(locks, old[1], 1024), dtype=torch.int32, device=device)))
+    return kept[-1]
 
 
 def linear(x: torch.Tensor, r: MmaWeights, config: MmaConfig | None = None) -> torch.Tensor:
