@@ -39,8 +39,7 @@ def space(m: int, r: mma.MmaWeights) -> list[mma.MmaConfig]:
     for rt in rts:
         for ki in kis:
             for nw in warps:
-                blocks = -(-r.row_tiles // (nw * rt))
-                chunks = -(-r.k_steps // ki)
+                blocks, chunks = mma.grid(r.row_tiles, r.k_steps, nw, rt, ki)
                 for fold in folds:
                     cfg = mma.MmaConfig(rt, ki, 1, 3, fold, nw)
                     if mma.smem_bytes(mt, cfg, r.group_size) > 200 * 1024:
@@ -112,7 +111,7 @@ def main() -> None:
                     [lambda w=w, x=x: torch.nn.functional.linear(x, w) for w in weights])
                 row["shipped_us"] = tuning.graph_time_us(
                     [lambda p=p, s=s, x=x: torch.ops.trit.linear(x, p, s, GROUP, None) for p, s in layers])
-                heur = mma.heuristic(m, reps[0], sm_count())
+                heur = mma.heuristic(m, reps[0].row_tiles, reps[0].k_steps, sm_count())
                 row["mma_heuristic_us"] = tuning.graph_time_us(
                     [lambda r=r, x=x, c=heur: mma.linear(x, r, c) for r in reps])
                 row["mma_heuristic_config"] = asdict(heur)

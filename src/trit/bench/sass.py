@@ -129,7 +129,12 @@ def compile_one(kernel: str, fields: list[int], m: int) -> dict:
     ptrs = [a for a, t in sig.items() if t.startswith("*")]
     attrs = {(fn.arg_names.index(a),): [["tt.divisibility", 16]] for a in [*ptrs, *div]}
     compiled = triton.compile(ASTSource(fn, sig, consts, attrs), target=GPUTarget("cuda", 90, 32), options=opts)
-    usage, sass = disassemble(compiled.asm["cubin"])
+    return measure(compiled.asm["cubin"], kernel, fields, m, per_trip, unit)
+
+
+def measure(cubin: bytes, kernel: str, fields: list[int], m: int, per_trip: int, unit: str) -> dict:
+    """A compiled kernel's row: registers, stack and main-loop instructions, also per ``unit`` a thread."""
+    usage, sass = disassemble(cubin)
     ops = loop_ops(sass)
     total = sum(ops.values())
     return {"kernel": kernel, "config": fields, "m": m,
@@ -158,27 +163,14 @@ def nvrtc_version() -> str | None:
 
 def compile_cuda(kernel: str, m: int) -> dict:
     """The CUDA C++ kernel at the config :func:`trit.kernels.cuda.mma.heuristic` gives gate_up at ``m`` rows."""
-    import torch
-
     from trit.kernels.cuda import mma, nvrtc
-    from trit.synthetic import random_packed
 
     assert kernel == "mma", kernel
-    tile = mma.repack(random_packed((16, K // 4), "cpu"), torch.ones(16, K // GROUP), GROUP)  # one row tile
-    layer = mma.MmaWeights(tile.wq.expand(N // 16, *tile.wq.shape[1:]), tile.sc, N, K, GROUP)  # its shape is enough
-    cfg = mma.heuristic(m, layer, sms=132)  # an H200's SMs
-    mt = mma.token_tiles(m)
-    cubin, _, _ = nvrtc.compile_cubin(mma.source(), mma.kernel_name(mt, cfg, GROUP), "sm_90")
-    usage, sass = disassemble(cubin)
-    ops = loop_ops(sass)
-    total = sum(ops.values())
+    cfg = mma.heuristic(m, *mma.tiles(N, K), sms=132)  # an H200's SMs
+    cubin, _, _ = nvrtc.compile_cubin(mma.source(), mma.kernel_name(mma.token_tiles(m), cfg, GROUP), "sm_90")
     per_trip = cfg.rt * cfg.ki * 4 * 16  # a lane's weights a chunk: rt tiles x ki steps x 4 words of 16
     fields = [cfg.rt, cfg.ki, cfg.splits, cfg.stages, int(cfg.fold), cfg.warps]
-    return {"kernel": kernel, "config": fields, "m": m,
-            "registers": int(re.search(r"REG:(\d+)", usage).group(1)),
-            "stack_bytes": int(re.search(r"STACK:(\d+)", usage).group(1)),
-            "loop_instructions": total, "per_thread_per_trip": per_trip, "unit": "weight",
-            "loop_instructions_per_unit": total / per_trip, "loop_opcodes": dict(ops.most_common())}
+    return measure(cubin, kernel, fields, m, per_trip, "weight")
 
 
 def shipped_config(kernel: str) -> list[int]:

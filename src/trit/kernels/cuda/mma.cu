@@ -6,10 +6,9 @@
 // B operand. One 128-bit load gives a lane the codes of all its A fragments for
 // 128 inputs of a 16-row tile; a 32-bit word decodes into the eight A registers
 // of two k16 steps with a shift, a lop3, a bf16x2 FMA (code -> -1, 0, +1) and a
-// bf16x2 multiply by the group scale for each register. Activations are staged in
-// shared memory a chunk at a time (cp.async, double-buffered) and read with
-// ldmatrix; codes and scales go through the same ring of shared-memory stages,
-// filled by cp.async several chunks ahead.
+// bf16x2 multiply by the group scale for each register. A chunk's activations,
+// codes and scales go through a ring of shared-memory stages, filled by cp.async
+// several chunks ahead; the activations are read with ldmatrix.
 //
 // Split-K adds partial sums into an fp32 workspace with red.add; the last block
 // of a row block (a counter per row block) writes the bf16 output and zeroes its
@@ -27,14 +26,6 @@ __device__ __forceinline__ u32 fma_bf16x2(u32 a, u32 b, u32 c) {
     u32 d;
     asm("fma.rn.bf16x2 %0, %1, %2, %3;" : "=r"(d) : "r"(a), "r"(b), "r"(c));
     return d;
-}
-
-__device__ __forceinline__ U4 ldg_stream(const U4* p) {
-    U4 v;
-    asm volatile("ld.global.nc.L1::no_allocate.v4.u32 {%0, %1, %2, %3}, [%4];"
-                 : "=r"(v.x), "=r"(v.y), "=r"(v.z), "=r"(v.w)
-                 : "l"(p));
-    return v;
 }
 
 __device__ __forceinline__ u32 ldg_u32(const u32* p) {

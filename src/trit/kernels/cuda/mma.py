@@ -82,6 +82,16 @@ def _index_tables(device: torch.device) -> tuple[torch.Tensor, torch.Tensor]:
     return rows, cols
 
 
+def tiles(n: int, k: int) -> tuple[int, int]:
+    """Row tiles and 128-input steps of an (N, K) layer in the layout (N and K padded up)."""
+    return -(-n // ROW_TILE), -(-k // K_STEP)
+
+
+def grid(row_tiles: int, k_steps: int, warps: int, rt: int, ki: int) -> tuple[int, int]:
+    """Blocks of ``warps`` x ``rt`` row tiles, and chunks of ``ki`` steps, that cover a layer."""
+    return -(-row_tiles // (warps * rt)), -(-k_steps // ki)
+
+
 def repack(packed: torch.Tensor, scale: torch.Tensor, group_size: int, in_features: int | None = None) -> MmaWeights:
     """Format-v1 ``packed`` (N, K_pad // 4) uint8 and ``scale`` (N, G) -> the mma layout (same device)."""
     n, k_pad = packed.shape[0], packed.shape[1] * 4
@@ -89,7 +99,7 @@ def repack(packed: torch.Tensor, scale: torch.Tensor, group_size: int, in_featur
     if group_size not in GROUPS:
         raise ValueError(f"the mma layout takes groups of {GROUPS}, not {group_size}")
     dev = packed.device
-    nt, ks = -(-n // ROW_TILE), -(-k_pad // K_STEP)
+    nt, ks = tiles(n, k_pad)
     codes = torch.ones(nt * ROW_TILE, ks * K_STEP, dtype=torch.int32, device=dev)
     codes[:n, :k_pad] = fmt.unpack_codes(packed).to(torch.int32)
     c5 = codes.view(nt, ROW_TILE, ks, K_STEP).permute(0, 2, 1, 3)  # (NT, KS, 16, 128)
@@ -167,11 +177,10 @@ def kernel_name(mt: int, cfg: MmaConfig, group_size: int) -> str:
     return f"trit_mma<{mt}, {cfg.rt}, {cfg.ki}, {gs}, {cfg.stages}, {'true' if cfg.fold else 'false'}, {cfg.warps}>"
 
 
-def heuristic(m: int, r: MmaWeights, sms: int) -> MmaConfig:
+def heuristic(m: int, row_tiles: int, k_steps: int, sms: int) -> MmaConfig:
     """A config without tuning: two row tiles a warp, and enough K splits to give each SM about four blocks."""
     rt, ki = 2, 2 if m <= 32 else 1
-    blocks = -(-r.row_tiles // (WARPS * rt))
-    chunks = -(-r.k_steps // ki)
+    blocks, chunks = grid(row_tiles, k_steps, WARPS, rt, ki)
     splits = max(1, min(chunks // 2, math.ceil(4 * sms / blocks)))
     return MmaConfig(rt, ki, splits)
 
@@ -206,11 +215,10 @@ def linear(x: torch.Tensor, r: MmaWeights, config: MmaConfig | None = None) -> t
         raise ValueError(f"trit_mma takes bf16 x with K = {r.k} (a multiple of 8), got {x.dtype} {tuple(x.shape)}")
     x = x.contiguous()
     mt = token_tiles(m)
-    cfg = config or heuristic(m, r, sm_count())
+    cfg = config or heuristic(m, r.row_tiles, r.k_steps, sm_count())
     smem = smem_bytes(mt, cfg, r.group_size)
     kern = nvrtc.load(source(), kernel_name(mt, cfg, r.group_size), smem=smem)
-    blocks = -(-r.row_tiles // (cfg.warps * cfg.rt))
-    chunks = -(-r.k_steps // cfg.ki)
+    blocks, chunks = grid(r.row_tiles, r.k_steps, cfg.warps, cfg.rt, cfg.ki)
     splits = max(1, min(cfg.splits, chunks))
     per_split = -(-chunks // splits)
     splits = -(-chunks // per_split)
