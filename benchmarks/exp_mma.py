@@ -1,12 +1,13 @@
-"""Experiment: the CUDA C++ mma.sync GEMM on the load-time layout against the shipped kernels and bf16 cuBLAS.
+"""Experiment: the CUDA C++ kernels on the load-time mma layout against the shipped kernels and bf16 cuBLAS.
 
-    PYTHONPATH=src python benchmarks/exp_mma.py --out $OUT/mma.json [--ms 1,4,16,64]
+    PYTHONPATH=src python benchmarks/exp_mma.py --out $OUT/mma.json [--ms 1,2,4,16,64,256]
 
-Checks the kernel against the reference on odd shapes first (every group size,
-M = 1, 3, 17, 64, split-K on and off), then times it per layer shape with a
-small search over its configs, in CUDA-graph replays with the weights rotated
-over copies several times the L2, beside the shipped dispatch and bf16
-``F.linear`` in the same run.
+Checks the kernels against the reference on odd shapes first (every group size,
+M = 1 to 64, split-K on and off), then times them per layer shape with a small
+search over their configs, in CUDA-graph replays with the weights rotated over
+copies several times the L2, beside the shipped dispatch and bf16 ``F.linear``
+in the same run: the GEMV (``gemv.cu``) for M <= 4, the tensor-core GEMM
+(``mma.cu``) for M <= 64, the dequantizer and cuBLAS above.
 """
 
 from __future__ import annotations
@@ -23,7 +24,7 @@ import trit.ops  # noqa: F401  (registers torch.ops.trit.linear)
 from trit import format as fmt
 from trit.bench.kernels import GROUP, SHAPES, copies_for, ternary_bytes, ternary_layer
 from trit.kernels import tuning
-from trit.kernels.cuda import mma, nvrtc
+from trit.kernels.cuda import gemv, mma, nvrtc
 from trit.kernels.reference import linear as ref_linear
 from trit.kernels.triton.device import sm_count
 from trit.synthetic import random_packed
@@ -51,11 +52,24 @@ def space(m: int, r: mma.MmaWeights) -> list[mma.MmaConfig]:
     return out
 
 
+def gemv_space(r: mma.MmaWeights) -> list[gemv.GemvConfig]:
+    out = []
+    for rt in (1, 2, 4):
+        for nw, pf in ((4, 2), (4, 4), (4, 8), (8, 4), (2, 4)):
+            blocks = -(-r.row_tiles // (nw * rt))
+            for sk in (1, 2, 4, 8, 16):
+                if sk > r.k_steps or (sk > 1 and blocks * sk > 16 * sm_count()):
+                    continue
+                out.append(gemv.GemvConfig(rt, sk, nw, pf))
+    return out
+
+
 def check(rows: list) -> float:
     worst = 0.0
     for (m, n, k, g, cfg) in [(3, 34, 128, 64, mma.MmaConfig(1, 1, 1)), (17, 64, 576, 64, mma.MmaConfig(2, 2, 2)),
                               (5, 33, 192, -1, mma.MmaConfig(1, 2, 1)), (64, 130, 256, 32, mma.MmaConfig(2, 1, 2, 3, False)),
-                              (1, 1000, 4096, 128, mma.MmaConfig(2, 2, 4)), (64, 4098, 576, 64, mma.MmaConfig(1, 1, 3, 4, False)),
+                              (1, 1000, 4096, 128, mma.MmaConfig(2, 2, 4)), (2, 77, 2048, 64, mma.MmaConfig(1, 1, 2)),
+                              (4, 300, 1536, 32, mma.MmaConfig(2, 1, 1)), (64, 4098, 576, 64, mma.MmaConfig(1, 1, 3, 4, False)),
                               (16, 200, 640, 64, mma.MmaConfig(4, 4, 1, 3)), (40, 96, 1024, -1, mma.MmaConfig(2, 1, 8, 5, True, 8))]:
         kp = fmt.padded_k(k, g)
         packed = random_packed((n, kp // 4), "cuda")
@@ -72,13 +86,25 @@ def check(rows: list) -> float:
         rows.append({"check": [m, n, k, g, asdict(cfg)], "rel_err": err, "bf16_dense_rel_err": derr})
         print("check", m, n, k, g, cfg, f"err {err:.5f} (bf16 dense {derr:.5f})", flush=True)
         worst = max(worst, err / max(derr, 1e-6))
+        if m <= gemv.MAX_M:
+            for gcfg in (gemv.GemvConfig(1, 1), gemv.GemvConfig(2, 3, 8, 2)):
+                for _rep in range(2):
+                    y = gemv.linear(x, r, gcfg).float()
+                gerr = float((y - want).norm() / want.norm())
+                rows.append({"check": [m, n, k, g, asdict(gcfg)], "kernel": "gemv", "rel_err": gerr,
+                             "bf16_dense_rel_err": derr})
+                print("check gemv", m, n, k, g, gcfg, f"err {gerr:.5f}", flush=True)
+                worst = max(worst, gerr / max(derr, 1e-6))
+        deq_ok = torch.equal(gemv.dequantize(r).float(), dense.float())
+        rows.append({"check": [m, n, k, g], "kernel": "dequantize", "exact": deq_ok})
+        worst = worst if deq_ok else float("inf")
     return worst
 
 
 def main() -> None:
     ap = argparse.ArgumentParser()
     ap.add_argument("--out", type=Path, required=True)
-    ap.add_argument("--ms", default="1,4,16,64")
+    ap.add_argument("--ms", default="1,2,4,16,64,256")
     ap.add_argument("--models", default="llama3-8b,qwen2-1.5b")
     ap.add_argument("--no-tune", action="store_true", help="the heuristic config only")
     args = ap.parse_args()
@@ -111,27 +137,47 @@ def main() -> None:
                     [lambda w=w, x=x: torch.nn.functional.linear(x, w) for w in weights])
                 row["shipped_us"] = tuning.graph_time_us(
                     [lambda p=p, s=s, x=x: torch.ops.trit.linear(x, p, s, GROUP, None) for p, s in layers])
-                heur = mma.heuristic(m, reps[0].row_tiles, reps[0].k_steps, sm_count())
-                row["mma_heuristic_us"] = tuning.graph_time_us(
-                    [lambda r=r, x=x, c=heur: mma.linear(x, r, c) for r in reps])
-                row["mma_heuristic_config"] = asdict(heur)
-                if args.no_tune:
-                    best, us = heur, row["mma_heuristic_us"]
-                else:
-                    best, us = tuning.tune(
-                        lambda c, x=x, reps=reps: [lambda r=r: mma.linear(x, r, c) for r in reps], space(m, reps[0]))
-                row["mma_us"], row["mma_config"] = us, asdict(best)
-                y = mma.linear(x, reps[0], best).float()
                 want = ref_linear(x, layers[0][0], layers[0][1], GROUP).float()
-                row["rel_err"] = float((y - want).norm() / want.norm())
-                row["mma_gbs"] = t_bytes / us / 1e3
-                row["speedup_mma"] = row["bf16_us"] / us
+                best_us = float("inf")
+                if m <= gemv.MAX_M:
+                    gheur = gemv.heuristic(m, reps[0].row_tiles, reps[0].k_steps, sm_count())
+                    row["gemv_heuristic_us"] = tuning.graph_time_us(
+                        [lambda r=r, x=x, c=gheur: gemv.linear(x, r, c) for r in reps])
+                    row["gemv_heuristic_config"] = asdict(gheur)
+                    gbest, gus = (gheur, row["gemv_heuristic_us"]) if args.no_tune else tuning.tune(
+                        lambda c, x=x, reps=reps: [lambda r=r: gemv.linear(x, r, c) for r in reps], gemv_space(reps[0]))
+                    row["gemv_us"], row["gemv_config"] = gus, asdict(gbest)
+                    y = gemv.linear(x, reps[0], gbest).float()
+                    row["gemv_rel_err"] = float((y - want).norm() / want.norm())
+                    best_us = min(best_us, gus)
+                if m <= mma.MAX_M:
+                    heur = mma.heuristic(m, reps[0].row_tiles, reps[0].k_steps, sm_count())
+                    row["mma_heuristic_us"] = tuning.graph_time_us(
+                        [lambda r=r, x=x, c=heur: mma.linear(x, r, c) for r in reps])
+                    row["mma_heuristic_config"] = asdict(heur)
+                    if args.no_tune:
+                        best, us = heur, row["mma_heuristic_us"]
+                    else:
+                        best, us = tuning.tune(
+                            lambda c, x=x, reps=reps: [lambda r=r: mma.linear(x, r, c) for r in reps], space(m, reps[0]))
+                    row["mma_us"], row["mma_config"] = us, asdict(best)
+                    y = mma.linear(x, reps[0], best).float()
+                    row["rel_err"] = float((y - want).norm() / want.norm())
+                    best_us = min(best_us, us)
+                if m >= 16:
+                    row["dequant_cublas_us"] = tuning.graph_time_us(
+                        [lambda r=r, x=x: torch.nn.functional.linear(x, gemv.dequantize(r)) for r in reps])
+                    best_us = min(best_us, row["dequant_cublas_us"])
+                row["layout_us"] = best_us
+                row["layout_gbs"] = t_bytes / best_us / 1e3
+                row["speedup_layout"] = row["bf16_us"] / best_us
                 row["speedup_shipped"] = row["bf16_us"] / row["shipped_us"]
                 out["rows"].append(row)
                 print(f"{model} {layer} M={m}: bf16 {row['bf16_us']:.1f} shipped {row['shipped_us']:.1f} "
-                      f"mma {us:.1f} (heur {row['mma_heuristic_us']:.1f}) x{row['speedup_mma']:.2f} vs "
-                      f"x{row['speedup_shipped']:.2f} {row['mma_gbs']:.0f} GB/s err {row['rel_err']:.4f} {best}",
-                      flush=True)
+                      f"gemv {row.get('gemv_us', 0):.1f} mma {row.get('mma_us', 0):.1f} "
+                      f"dequant {row.get('dequant_cublas_us', 0):.1f}: x{row['speedup_layout']:.2f} vs "
+                      f"x{row['speedup_shipped']:.2f} {row['layout_gbs']:.0f} GB/s {row.get('gemv_config')} "
+                      f"{row.get('mma_config')}", flush=True)
                 args.out.write_text(json.dumps(out, indent=1))
             weights = layers = reps = []
             torch.cuda.empty_cache()
@@ -139,7 +185,7 @@ def main() -> None:
         for m in (int(v) for v in args.ms.split(",")):
             sel = [r for r in out["rows"] if r["model"] == model and r["m"] == m]
             b = sum(r["bf16_us"] for r in sel)
-            line = (f"{model} M={m}: mma x{b / sum(r['mma_us'] for r in sel):.2f} "
+            line = (f"{model} M={m}: layout x{b / sum(r['layout_us'] for r in sel):.2f} "
                     f"shipped x{b / sum(r['shipped_us'] for r in sel):.2f}")
             out.setdefault("summary", []).append(line)
             print(line)

@@ -119,8 +119,8 @@ def repack(packed: torch.Tensor, scale: torch.Tensor, group_size: int, in_featur
     return MmaWeights(wq, sc, n, k, group_size)
 
 
-def unpack_layout(r: MmaWeights) -> torch.Tensor:
-    """The dense float32 weight (N, K) that the kernel computes with, decoded from the layout as it does."""
+def layout_codes(r: MmaWeights) -> torch.Tensor:
+    """The codes ``c = w + 1`` (NT 16, KS 128) int64 as the layout holds them, padding included."""
     nt, ks = r.row_tiles, r.k_steps
     w = r.wq.to(torch.int64) & 0xFFFFFFFF  # (NT, KS, 32, 4)
     shift = 2 * torch.arange(8, device=w.device)
@@ -130,16 +130,26 @@ def unpack_layout(r: MmaWeights) -> torch.Tensor:
     rows, cols = _index_tables(w.device)
     codes[:, :, rows, cols] = lo
     codes[:, :, rows, cols + 1] = hi
-    values = (codes - 1).permute(0, 2, 1, 3).reshape(nt * ROW_TILE, ks * K_STEP).float()
+    return codes.permute(0, 2, 1, 3).reshape(nt * ROW_TILE, ks * K_STEP)
+
+
+def layout_scales(r: MmaWeights) -> torch.Tensor:
+    """The scales (NT 16, GP) float32 as the layout holds them (bf16 values), padding included."""
     sw = r.sc.to(torch.int64) & 0xFFFFFFFF  # (NT, GP, 8)
     halves = torch.stack([sw & 0xFFFF, sw >> 16], dim=-1)  # (NT, GP, g, half)
-    s16 = halves.permute(0, 3, 2, 1).reshape(nt * ROW_TILE, -1).to(torch.int16)  # wraps like the bits do
-    s = s16.view(torch.bfloat16).float()
+    s16 = halves.permute(0, 3, 2, 1).reshape(r.row_tiles * ROW_TILE, -1).to(torch.int16)  # wraps like the bits do
+    return s16.view(torch.bfloat16).float()
+
+
+def unpack_layout(r: MmaWeights) -> torch.Tensor:
+    """The dense float32 weight (N, K) that the kernel computes with, decoded from the layout as it does."""
+    values = (layout_codes(r) - 1).float()
+    s = layout_scales(r)
     if r.group_size == fmt.PER_ROW:
         w_full = values * s[:, :1]
     else:
         width = r.group_size
-        w_full = (values.view(values.shape[0], -1, width) * s[:, : ks * K_STEP // width, None]).view(values.shape)
+        w_full = (values.view(values.shape[0], -1, width) * s[:, : values.shape[1] // width, None]).view(values.shape)
     return w_full[: r.n, : r.k]
 
 

@@ -1,0 +1,298 @@
+// trit_gemv: y[M, N] = x[M, K] @ W.T for a few tokens (M <= 4), on CUDA cores, from the same load-time
+// "mma" layout as trit_mma (trit/kernels/cuda/mma.py documents it), near memory bandwidth.
+//
+// The activations are rounded per 128-input step to 15-bit integers against the step's largest
+// (x ~= xi * inv, inv a power of two), once a block, into shared memory, ordered so that one 16-byte
+// load gives a lane the int16 pairs its codes meet. In a word of the layout, byte b of
+// ``word & (0x03030303 << 2k)`` holds, times 4^k, the code of register k (b = 0, 2: first, second
+// element) or 4 + k (b = 1, 3) of the MMA fragment: registers k and 4 + k share a row (g for k = 0, 2;
+// g + 8 for k = 1, 3) and lie 16 inputs apart. So dp2a.lo multiplies bytes 0 and 1 with the int16 pair of
+// their two inputs, dp2a.hi bytes 2 and 3, and the pair of dp2a chains into one int32 sum per k: four
+// logic ops and eight dp2a a word of 16 weights, nothing else. Once a scale group (or a step, when a group
+// is larger) the sums become floats: row g's is 16 * sum(c x) / inv from k = 0, 2, row g + 8's 64 * sum
+// from k = 1, 3; the codes c = w + 1 give sum (c - 1) x = sum c x - sum x, with sum x over the group taken
+// off once (by the quad's first lane). The four lanes of a quad hold the same rows and are added with two
+// shuffles at the end.
+//
+// Codes and scales are read straight from global memory into registers, PF steps ahead. Split-K adds
+// into an fp32 workspace with red.add, and the last block of a row block writes the output and zeroes its
+// workspace and counter (as trit_mma does; they share the workspace). No headers: compiled by NVRTC.
+
+typedef unsigned int u32;
+typedef unsigned short u16;
+
+struct __align__(16) U4 {
+    u32 x, y, z, w;
+};
+
+__device__ __forceinline__ U4 ldg128(const U4* p) {
+    U4 v;
+    asm volatile("ld.global.nc.v4.u32 {%0, %1, %2, %3}, [%4];" : "=r"(v.x), "=r"(v.y), "=r"(v.z), "=r"(v.w) : "l"(p));
+    return v;
+}
+
+__device__ __forceinline__ u32 ldg32(const u32* p) {
+    u32 v;
+    asm volatile("ld.global.nc.u32 %0, [%1];" : "=r"(v) : "l"(p));
+    return v;
+}
+
+__device__ __forceinline__ U4 lds128(u32 addr) {
+    U4 v;
+    asm volatile("ld.shared.v4.u32 {%0, %1, %2, %3}, [%4];" : "=r"(v.x), "=r"(v.y), "=r"(v.z), "=r"(v.w) : "r"(addr));
+    return v;
+}
+
+__device__ __forceinline__ int dp2a_lo(u32 a, u32 b, int c) {
+    int d;
+    asm("dp2a.lo.s32.u32 %0, %1, %2, %3;" : "=r"(d) : "r"(a), "r"(b), "r"(c));
+    return d;
+}
+
+__device__ __forceinline__ int dp2a_hi(u32 a, u32 b, int c) {
+    int d;
+    asm("dp2a.hi.s32.u32 %0, %1, %2, %3;" : "=r"(d) : "r"(a), "r"(b), "r"(c));
+    return d;
+}
+
+__device__ __forceinline__ u16 f32_to_bf16(float v) {
+    u16 r;
+    asm("cvt.rn.bf16.f32 %0, %1;" : "=h"(r) : "f"(v));
+    return r;
+}
+
+__device__ __forceinline__ float bf16_to_f32(u16 v) { return __uint_as_float((u32)v << 16); }
+
+__device__ __forceinline__ void red_add(float* p, float v) {
+    asm volatile("red.global.add.f32 [%0], %1;" ::"l"(p), "f"(v) : "memory");
+}
+
+// MG: tokens (M <= MG); RT: 16-row tiles a warp; GS: inputs a scale (32, 64, 128; 0 = one scale a row);
+// NW: warps a block (they share the quantized activations); PF: steps of codes loaded ahead.
+template <int MG, int RT, int GS, int NW, int PF>
+__global__ void __launch_bounds__(NW * 32) trit_gemv(const U4* __restrict__ wq, const u32* __restrict__ sc,
+                                                 const u16* __restrict__ x, u16* __restrict__ y,
+                                                 float* __restrict__ ws, int* __restrict__ locks, int M, int N,
+                                                 int K, int KS, int GP, int steps_per_split, int splits) {
+    constexpr int U = GS == 0 ? 4 : GS / 32;  // words a unit: a scale group, or a step when groups are larger
+    constexpr int UPS = 4 / U;                 // units a step
+    extern __shared__ __align__(16) unsigned char smem[];
+
+    const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
+    const int g = lane >> 2, t = lane & 3;
+    const int NT = (N + 15) >> 4;
+    const int s0 = blockIdx.y * steps_per_split;
+    const int s1 = min(KS, s0 + steps_per_split);
+    const int nsteps = s1 - s0;
+    // shared memory: pairs [nsteps][4 words][MG][4 t] x 16 B | scales [nsteps][MG] (inv/16, inv/64) | unit sums
+    // [nsteps][UPS][MG] (sum x, f32)
+    short* pairs = reinterpret_cast<short*>(smem);
+    float* xscale = reinterpret_cast<float*>(smem + nsteps * 256 * MG);
+    float* xunit = xscale + nsteps * MG * 2;
+
+    // 1. Quantize this block's share of the activations: a warp a (step, token), four inputs a lane.
+    for (int job = warp; job < nsteps * MG; job += NW) {
+        const int i = job / MG, m = job % MG;
+        const int col = (s0 + i) * 128 + 4 * lane;
+        float v[4] = {0.f, 0.f, 0.f, 0.f};
+        if (m < M && col < K) {  // K % 8 == 0: four inputs are all in or all out
+            const uint2 raw = *reinterpret_cast<const uint2*>(x + (long)m * K + col);
+            v[0] = __uint_as_float(raw.x << 16), v[1] = __uint_as_float(raw.x & 0xFFFF0000u);
+            v[2] = __uint_as_float(raw.y << 16), v[3] = __uint_as_float(raw.y & 0xFFFF0000u);
+        }
+        float amax = fmaxf(fmaxf(fabsf(v[0]), fabsf(v[1])), fmaxf(fabsf(v[2]), fabsf(v[3])));
+#pragma unroll
+        for (int o = 16; o > 0; o >>= 1) amax = fmaxf(amax, __shfl_xor_sync(0xFFFFFFFFu, amax, o));
+        int e = 0;
+        frexpf(amax, &e);  // amax < 2^e: amax * 2^(15 - e) < 2^15, and a bf16 that large is an exact integer
+        const float up = amax > 0.f ? ldexpf(1.f, 15 - e) : 0.f, inv = amax > 0.f ? ldexpf(1.f, e - 15) : 0.f;
+        int part = 0;
+#pragma unroll
+        for (int vv = 0; vv < 4; ++vv) {
+            const int xi = __float2int_rn(v[vv] * up);
+            part += xi;
+            const int c32 = (4 * lane + vv) & 31, j = lane >> 3;
+            const int s = c32 >> 4, h = (c32 >> 3) & 1, tt = (c32 & 7) >> 1, el = c32 & 1;
+            pairs[((((i * 4 + j) * MG + m) * 4 + tt) * 4 + el * 2 + h) * 2 + s] = (short)xi;
+        }
+#pragma unroll
+        for (int o = 1; o < 8 * U; o <<= 1) part += __shfl_xor_sync(0xFFFFFFFFu, part, o);
+        if (lane % (8 * U) == 0) xunit[(i * UPS + lane / (8 * U)) * MG + m] = (float)part * inv;
+        if (lane == 0) {
+            xscale[(i * MG + m) * 2] = inv * 0.0625f;
+            xscale[(i * MG + m) * 2 + 1] = inv * 0.015625f;
+        }
+    }
+    __syncthreads();
+
+    // 2. The warp's row tiles (a tile past N reads the last one, and is never stored).
+    const int tile0 = (blockIdx.x * NW + warp) * RT;
+    const U4* wsrc[RT];
+    const u32* ssrc[RT];
+#pragma unroll
+    for (int r = 0; r < RT; ++r) {
+        const int tile = min(tile0 + r, NT - 1);
+        wsrc[r] = wq + ((long)tile * KS + s0) * 32 + lane;
+        ssrc[r] = sc + ((long)tile * GP + (GS == 0 ? 0 : s0 * UPS)) * 8 + g;
+    }
+    constexpr int NSC = GS == 0 ? 1 : UPS;  // scale words a step
+    U4 wbuf[PF][RT];
+    u32 sbuf[PF][RT][NSC];
+#pragma unroll
+    for (int p = 0; p < PF; ++p)
+#pragma unroll
+        for (int r = 0; r < RT; ++r) {
+            if (p < nsteps) wbuf[p][r] = ldg128(wsrc[r] + p * 32);
+#pragma unroll
+            for (int u = 0; u < NSC; ++u)
+                if (GS != 0 && p < nsteps) sbuf[p][r][u] = ldg32(ssrc[r] + (p * UPS + u) * 8);
+        }
+    u32 row_scale[RT];
+#pragma unroll
+    for (int r = 0; r < RT; ++r) row_scale[r] = GS == 0 ? ldg32(ssrc[r]) : 0u;
+
+    float accg[RT][MG], acch[RT][MG];
+#pragma unroll
+    for (int r = 0; r < RT; ++r)
+#pragma unroll
+        for (int m = 0; m < MG; ++m) accg[r][m] = acch[r][m] = 0.f;
+
+    const u32 pairs_base = (u32)__cvta_generic_to_shared(pairs) + t * 16;
+    for (int base = 0; base < nsteps; base += PF) {
+#pragma unroll
+        for (int p = 0; p < PF; ++p) {
+            const int i = base + p;
+            if (i >= nsteps) break;
+            U4 wv[RT];
+            u32 sv[RT][NSC];
+#pragma unroll
+            for (int r = 0; r < RT; ++r) {
+                wv[r] = wbuf[p][r];
+#pragma unroll
+                for (int u = 0; u < NSC; ++u) sv[r][u] = sbuf[p][r][u];
+                if (i + PF < nsteps) {
+                    wbuf[p][r] = ldg128(wsrc[r] + (i + PF) * 32);
+#pragma unroll
+                    for (int u = 0; u < NSC; ++u)
+                        if (GS != 0) sbuf[p][r][u] = ldg32(ssrc[r] + ((i + PF) * UPS + u) * 8);
+                }
+            }
+            float xs[MG][2];
+#pragma unroll
+            for (int m = 0; m < MG; ++m) xs[m][0] = xscale[(i * MG + m) * 2], xs[m][1] = xscale[(i * MG + m) * 2 + 1];
+            int ia[RT][MG][4];
+#pragma unroll
+            for (int j = 0; j < 4; ++j) {
+                U4 P[MG];
+#pragma unroll
+                for (int m = 0; m < MG; ++m) P[m] = lds128(pairs_base + ((i * 4 + j) * MG + m) * 64);
+#pragma unroll
+                for (int r = 0; r < RT; ++r) {
+                    const u32 w = j == 0 ? wv[r].x : j == 1 ? wv[r].y : j == 2 ? wv[r].z : wv[r].w;
+#pragma unroll
+                    for (int k = 0; k < 4; ++k) {
+                        const u32 mk = w & (0x03030303u << (2 * k));
+#pragma unroll
+                        for (int m = 0; m < MG; ++m) {
+                            const u32 lo = k < 2 ? P[m].x : P[m].y, hi = k < 2 ? P[m].z : P[m].w;
+                            const int c0 = j % U == 0 ? 0 : ia[r][m][k];
+                            ia[r][m][k] = dp2a_hi(hi, mk, dp2a_lo(lo, mk, c0));
+                        }
+                    }
+                }
+                if ((j + 1) % U == 0) {  // a unit ends: to floats, less sum x, times the group scale
+                    const int u = j / U;
+                    float xo[MG];
+#pragma unroll
+                    for (int m = 0; m < MG; ++m) xo[m] = t == 0 ? xunit[(i * UPS + u) * MG + m] : 0.f;
+#pragma unroll
+                    for (int r = 0; r < RT; ++r) {
+                        const u32 sw = GS == 0 ? 0u : sv[r][u];
+#pragma unroll
+                        for (int m = 0; m < MG; ++m) {
+                            const float dg = fmaf((float)((ia[r][m][0] << 4) + ia[r][m][2]), xs[m][0], -xo[m]);
+                            const float dh = fmaf((float)((ia[r][m][1] << 4) + ia[r][m][3]), xs[m][1], -xo[m]);
+                            if (GS == 0) {
+                                accg[r][m] += dg;
+                                acch[r][m] += dh;
+                            } else {
+                                accg[r][m] = fmaf(__uint_as_float(sw << 16), dg, accg[r][m]);
+                                acch[r][m] = fmaf(__uint_as_float(sw & 0xFFFF0000u), dh, acch[r][m]);
+                            }
+                        }
+                    }
+                }
+            }
+        }
+    }
+
+    // 3. Add up the quad; lane t = 0 stores row g, t = 1 row g + 8.
+#pragma unroll
+    for (int r = 0; r < RT; ++r)
+#pragma unroll
+        for (int m = 0; m < MG; ++m) {
+            float a = accg[r][m], b = acch[r][m];
+            a += __shfl_xor_sync(0xFFFFFFFFu, a, 1);
+            b += __shfl_xor_sync(0xFFFFFFFFu, b, 1);
+            a += __shfl_xor_sync(0xFFFFFFFFu, a, 2);
+            b += __shfl_xor_sync(0xFFFFFFFFu, b, 2);
+            if (GS == 0) {
+                a *= bf16_to_f32((u16)(row_scale[r] & 0xFFFF));
+                b *= bf16_to_f32((u16)(row_scale[r] >> 16));
+            }
+            const int n = (tile0 + r) * 16 + g + (t == 1 ? 8 : 0);
+            if (t < 2 && m < M && n < N && tile0 + r < NT) {
+                const float v = t == 0 ? a : b;
+                if (splits == 1) y[(long)m * N + n] = f32_to_bf16(v);
+                else red_add(ws + (long)m * N + n, v);
+            }
+        }
+    if (splits == 1) return;
+    __threadfence();
+    __syncthreads();
+    __shared__ int last;
+    if (threadIdx.x == 0) last = atomicAdd(locks + blockIdx.x, 1) == splits - 1;
+    __syncthreads();
+    if (!last) return;
+    __threadfence();
+    const int n0 = blockIdx.x * NW * RT * 16;
+    const int rows = min(NW * RT * 16, N - n0);
+    for (int idx = threadIdx.x; idx < rows * M; idx += NW * 32) {
+        const int m = idx / rows, n = n0 + idx % rows;
+        float* p = ws + (long)m * N + n;
+        const float v = __ldcg(p);
+        __stcg(p, 0.f);
+        y[(long)m * N + n] = f32_to_bf16(v);
+    }
+    if (threadIdx.x == 0) locks[blockIdx.x] = 0;
+}
+
+// The dense bf16 weight (N, K) from the layout, for prefill (then cuBLAS): a thread a 16-byte vector
+// (a lane's four words of one tile and step), each register pair stored as one bf16x2.
+__global__ void trit_dequant(const U4* __restrict__ wq, const u32* __restrict__ sc, u32* __restrict__ out, int N,
+                             int K, int KS, int GP, int GS) {
+    const long idx = (long)blockIdx.x * blockDim.x + threadIdx.x;  // (tile, step, lane)
+    const int NT = (N + 15) >> 4;
+    if (idx >= (long)NT * KS * 32) return;
+    const int lane = idx & 31, step = (idx >> 5) % KS, tile = (int)((idx >> 5) / KS);
+    const int g = lane >> 2, t = lane & 3;
+    const U4 v = wq[idx];
+    const u32 words[4] = {v.x, v.y, v.z, v.w};
+#pragma unroll
+    for (int j = 0; j < 4; ++j) {
+        const int col0 = step * 128 + j * 32;
+        if (col0 >= K) break;
+        const u32 sw = sc[((long)tile * GP + (GS == 0 ? 0 : col0 / GS)) * 8 + g];
+        const float sg = __uint_as_float(sw << 16), sh = __uint_as_float(sw & 0xFFFF0000u);
+#pragma unroll
+        for (int q = 0; q < 8; ++q) {
+            const int s = q >> 2, r = q & 3;
+            const int row = tile * 16 + g + (r & 1) * 8, col = col0 + 16 * s + 2 * t + (r >> 1) * 8;
+            if (row >= N || col >= K) continue;
+            const float scale = (r & 1) ? sh : sg;
+            const float lo = (float)((int)((words[j] >> (2 * q)) & 3) - 1) * scale;
+            const float hi = (float)((int)((words[j] >> (16 + 2 * q)) & 3) - 1) * scale;
+            out[((long)row * K + col) >> 1] = (u32)f32_to_bf16(lo) | ((u32)f32_to_bf16(hi) << 16);
+        }
+    }
+}

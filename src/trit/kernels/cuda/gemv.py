@@ -1,0 +1,157 @@
+"""The decode GEMV (M <= 4) and the dequantizer on the mma layout (``gemv.cu``), beside :mod:`.mma`.
+
+The GEMV multiplies in integers on CUDA cores (``dp2a``, four logic ops and eight
+``dp2a`` a word of 16 weights): each block first rounds its share of the
+activations to 15-bit integers per 128-input step against the step's largest
+(``x ~= xi * inv``, ``inv`` a power of two), as :func:`quantize_activations`
+does in plain PyTorch. :func:`emulate` is the kernel's arithmetic in plain
+PyTorch (float64), so the CPU tests check the rounding and the bookkeeping of
+codes ``c = w + 1``, offsets and scales against the reference; the GPU tests
+check the kernel itself against both.
+
+:func:`dequantize` writes the dense bf16 weight from the layout, for prefill
+(then cuBLAS).
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+from functools import lru_cache
+from pathlib import Path
+
+import torch
+
+from trit import format as fmt
+from trit.kernels.cuda import mma
+
+SOURCE_FILE = Path(__file__).with_name("gemv.cu")
+MAX_M = 4
+X_BITS = 15  # activations become integers below 2**15 in magnitude, per 128-input step
+
+
+@lru_cache(maxsize=1)
+def source() -> str:
+    return SOURCE_FILE.read_text()
+
+
+@dataclass(frozen=True)
+class GemvConfig:
+    """``rt`` row tiles of 16 a warp, ``splits`` of K, ``warps`` a block, ``pf`` steps of codes loaded ahead."""
+
+    rt: int = 2
+    splits: int = 1
+    warps: int = 4
+    pf: int = 4
+
+
+def token_slots(m: int) -> int:
+    for mg in (1, 2, 4):
+        if m <= mg:
+            return mg
+    raise ValueError(f"the mma-layout GEMV takes M <= {MAX_M}, not {m}")
+
+
+def units(group_size: int) -> int:
+    """Fix-ups a 128-input step: one a scale group, or one a step when groups are larger."""
+    return 1 if group_size == fmt.PER_ROW else 128 // group_size
+
+
+def smem_bytes(mg: int, steps: int, group_size: int) -> int:
+    """Quantized activations of ``steps`` 128-input steps: int16 pairs, two scales and the unit sums a step."""
+    return steps * mg * (256 + 8 + 4 * units(group_size))
+
+
+def kernel_name(mg: int, cfg: GemvConfig, group_size: int) -> str:
+    gs = 0 if group_size == fmt.PER_ROW else group_size
+    return f"trit_gemv<{mg}, {cfg.rt}, {gs}, {cfg.warps}, {cfg.pf}>"
+
+
+def heuristic(m: int, row_tiles: int, k_steps: int, sms: int) -> GemvConfig:
+    """Two row tiles a warp, and enough K splits for about four blocks an SM (at least two steps a split)."""
+    rt = 2 if row_tiles >= 2 * mma.WARPS * sms else 1
+    blocks = -(-row_tiles // (mma.WARPS * rt))
+    splits = max(1, min(k_steps // 2, math.ceil(4 * sms / blocks)))
+    return GemvConfig(rt, splits)
+
+
+def split_steps(k_steps: int, splits: int) -> tuple[int, int]:
+    """(steps a split, splits) with no empty split."""
+    per = -(-k_steps // max(1, min(splits, k_steps)))
+    return per, -(-k_steps // per)
+
+
+def linear(x: torch.Tensor, r: mma.MmaWeights, config: GemvConfig | None = None) -> torch.Tensor:
+    """``x`` (M, K) bf16, M <= 4 -> (M, N) bf16 through the CUDA GEMV."""
+    import ctypes
+
+    from trit.kernels.cuda import nvrtc
+    from trit.kernels.triton.device import sm_count
+
+    m, k = x.shape
+    if x.dtype != torch.bfloat16 or k != r.k or k % 8:
+        raise ValueError(f"trit_gemv takes bf16 x with K = {r.k} (a multiple of 8), got {x.dtype} {tuple(x.shape)}")
+    x = x.contiguous()
+    if x.data_ptr() % 16:
+        x = x.clone()
+    mg = token_slots(m)
+    cfg = config or heuristic(m, r.row_tiles, r.k_steps, sm_count())
+    per, splits = split_steps(r.k_steps, cfg.splits)
+    smem = smem_bytes(mg, per, r.group_size)
+    kern = nvrtc.load(source(), kernel_name(mg, cfg, r.group_size), smem=smem)
+    blocks = -(-r.row_tiles // (cfg.warps * cfg.rt))
+    y = torch.empty(m, r.n, dtype=torch.bfloat16, device=x.device)
+    ws, locks = mma.workspace(x.device, m * r.n if splits > 1 else 0, blocks)
+    args = [ctypes.c_void_p(t.data_ptr()) for t in (r.wq, r.sc, x, y, ws, locks)]
+    args += [ctypes.c_int(v) for v in (m, r.n, k, r.k_steps, r.scale_groups, per, splits)]
+    kern.launch((blocks, splits, 1), cfg.warps * 32, smem, args)
+    return y
+
+
+def dequantize(r: mma.MmaWeights) -> torch.Tensor:
+    """The dense bf16 weight (N, K) of a layer in the mma layout, on its GPU (equal to ``unpack_layout``)."""
+    import ctypes
+
+    from trit.kernels.cuda import nvrtc
+
+    out = torch.empty(r.n, r.k, dtype=torch.bfloat16, device=r.wq.device)
+    kern = nvrtc.load(source(), "trit_dequant")
+    threads = r.row_tiles * r.k_steps * 32
+    gs = 0 if r.group_size == fmt.PER_ROW else r.group_size
+    args = [ctypes.c_void_p(t.data_ptr()) for t in (r.wq, r.sc, out)]
+    args += [ctypes.c_int(v) for v in (r.n, r.k, r.k_steps, r.scale_groups, gs)]
+    kern.launch((-(-threads // 256), 1, 1), 256, 0, args)
+    return out
+
+
+def quantize_activations(x: torch.Tensor, k_steps: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """``x`` (M, K) -> integers ``xi`` (M, 128 k_steps) and power-of-two ``inv`` (M, k_steps), ``x ~= xi * inv``,
+    as the kernel rounds them: per 128-input step, ``|xi| < 2**15``, zero past K."""
+    m, k = x.shape
+    xp = torch.zeros(m, k_steps * mma.K_STEP, dtype=torch.float64, device=x.device)
+    xp[:, :k] = x.double()
+    steps = xp.view(m, k_steps, mma.K_STEP)
+    amax = steps.abs().amax(-1)
+    _, e = torch.frexp(amax)  # amax = f 2**e, 0.5 <= f < 1
+    inv = torch.where(amax > 0, torch.ldexp(torch.ones_like(amax), e - X_BITS), torch.zeros_like(amax))
+    up = torch.where(amax > 0, torch.ldexp(torch.ones_like(amax), X_BITS - e), torch.zeros_like(amax))
+    xi = torch.round(steps * up[..., None])  # round half to even, as cvt.rni does
+    return xi.view(m, -1), inv
+
+
+def emulate(x: torch.Tensor, r: mma.MmaWeights) -> torch.Tensor:
+    """The GEMV's arithmetic in plain PyTorch (float64): per unit (a scale group, or a step), the integer sum of
+    codes ``c`` times rounded activations, times ``inv``, less the activations' sum, times the row's scale."""
+    m = x.shape[0]
+    xi, inv = quantize_activations(x, r.k_steps)  # (M, Kp), (M, KS)
+    codes = mma.layout_codes(r)[: r.n].double()  # (N, Kp)
+    scales = mma.layout_scales(r)[: r.n].double()  # (N, GP)
+    per_step = units(r.group_size)
+    width = mma.K_STEP // per_step
+    nu = r.k_steps * per_step
+    xu = xi.view(m, nu, width)
+    sums = torch.einsum("mud,nud->mnu", xu, codes.view(r.n, nu, width))  # exact integers
+    inv_u = inv.repeat_interleave(per_step, dim=1)  # (M, nu)
+    d = sums * inv_u[:, None, :] - (xu.sum(-1) * inv_u)[:, None, :]
+    s = scales[:, :1] if r.group_size == fmt.PER_ROW else scales[:, :nu]
+    return (d * s[None]).sum(-1)
