@@ -30,40 +30,6 @@ from trit.kernels.triton.device import sm_count
 from trit.synthetic import random_packed
 
 
-def space(m: int, r: mma.MmaWeights) -> list[mma.MmaConfig]:
-    out = []
-    mt = mma.token_tiles(m)
-    rts = (1, 2, 4) if mt <= 2 else (1, 2)
-    kis = (1, 2, 4) if mt <= 2 else (1, 2)
-    folds = (True, False) if mt <= 4 else (False,)
-    warps = (4,) if mt <= 2 else (4, 8)
-    for rt in rts:
-        for ki in kis:
-            for nw in warps:
-                blocks, chunks = mma.grid(r.row_tiles, r.k_steps, nw, rt, ki)
-                for fold in folds:
-                    cfg = mma.MmaConfig(rt, ki, 1, 3, fold, nw)
-                    if mma.smem_bytes(mt, cfg, r.group_size) > 200 * 1024:
-                        continue
-                    for sk in (1, 2, 4, 8, 16):
-                        if sk > chunks or (sk > 1 and blocks * sk > 8 * sm_count()):
-                            continue
-                        out.append(mma.MmaConfig(rt, ki, sk, 3, fold, nw))
-    return out
-
-
-def gemv_space(r: mma.MmaWeights) -> list[gemv.GemvConfig]:
-    out = []
-    for rt in (1, 2, 4):
-        for nw, pf in ((4, 2), (4, 4), (4, 8), (8, 4), (2, 4)):
-            blocks = -(-r.row_tiles // (nw * rt))
-            for sk in (1, 2, 4, 8, 16):
-                if sk > r.k_steps or (sk > 1 and blocks * sk > 16 * sm_count()):
-                    continue
-                out.append(gemv.GemvConfig(rt, sk, nw, pf))
-    return out
-
-
 def check(rows: list) -> float:
     worst = 0.0
     for (m, n, k, g, cfg) in [(3, 34, 128, 64, mma.MmaConfig(1, 1, 1)), (17, 64, 576, 64, mma.MmaConfig(2, 2, 2)),
@@ -145,7 +111,7 @@ def main() -> None:
                         [lambda r=r, x=x, c=gheur: gemv.linear(x, r, c) for r in reps])
                     row["gemv_heuristic_config"] = asdict(gheur)
                     gbest, gus = (gheur, row["gemv_heuristic_us"]) if args.no_tune else tuning.tune(
-                        lambda c, x=x, reps=reps: [lambda r=r: gemv.linear(x, r, c) for r in reps], gemv_space(reps[0]))
+                        lambda c, x=x, reps=reps: [lambda r=r: gemv.linear(x, r, c) for r in reps], gemv.configs_for(reps[0], sm_count()))
                     row["gemv_us"], row["gemv_config"] = gus, asdict(gbest)
                     y = gemv.linear(x, reps[0], gbest).float()
                     row["gemv_rel_err"] = float((y - want).norm() / want.norm())
@@ -159,7 +125,7 @@ def main() -> None:
                         best, us = heur, row["mma_heuristic_us"]
                     else:
                         best, us = tuning.tune(
-                            lambda c, x=x, reps=reps: [lambda r=r: mma.linear(x, r, c) for r in reps], space(m, reps[0]))
+                            lambda c, x=x, reps=reps: [lambda r=r: mma.linear(x, r, c) for r in reps], mma.configs_for(m, reps[0], sm_count()))
                     row["mma_us"], row["mma_config"] = us, asdict(best)
                     y = mma.linear(x, reps[0], best).float()
                     row["rel_err"] = float((y - want).norm() / want.norm())

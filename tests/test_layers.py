@@ -21,6 +21,7 @@ LAYERS: list[list[str]] = [
     ["trit.arch", "trit.smollm2"],
     ["trit.quant", "trit.kernels.reference", "trit.kernels.cpu", "trit.kernels.cpu_native", "trit.kernels.tuning"],
     ["trit.kernels.triton"],
+    ["trit.kernels.cuda"],
     ["trit.kernels.registry", "trit.kernels"],  # the package's own __init__ is a docstring
     ["trit.ops"],
     ["trit.nn", "trit.vllm"],

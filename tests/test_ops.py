@@ -1,4 +1,5 @@
-"""``trit::linear`` on the CPU: int8 activations, gradients, the fake implementation."""
+"""``trit::linear`` and ``trit::linear_tiled`` on the CPU: int8 activations, gradients, the fake implementations,
+layers repacked into the mma layout."""
 
 from __future__ import annotations
 
@@ -68,10 +69,10 @@ def test_warm_up_runs_each_size_once_a_shape(monkeypatch) -> None:
     packed, scale = random_packed((24, 40), "cpu", g), torch.full((24, 3), 0.1, dtype=torch.float16)  # K=160, g64
     calls = []
     monkeypatch.setattr(ops, "linear", lambda x, *a: calls.append(tuple(x.shape)) or x.new_zeros(x.shape[0], 24))
-    assert ops.warm_up(150, packed, scale, 64, torch.float32, ms=(1, 17)) == 2
+    assert ops.warm_up(150, (packed, scale), 64, torch.float32, ms=(1, 17)) == 2
     assert calls == [(1, 150), (17, 150)]
-    assert ops.warm_up(150, packed, scale, 64, torch.float32, ms=(1, 17)) == 0  # this shape is warm
-    assert ops.warm_up(150, packed[:8], scale[:8], 64, torch.float32, ms=(1, 17)) == 2  # another is not
+    assert ops.warm_up(150, (packed, scale), 64, torch.float32, ms=(1, 17)) == 0  # this shape is warm
+    assert ops.warm_up(150, (packed[:8], scale[:8]), 64, torch.float32, ms=(1, 17)) == 2  # another is not
 
 
 def test_warm_up_wanted_follows_the_device_and_trit_warmup(monkeypatch) -> None:
@@ -107,3 +108,75 @@ def test_custom_op_passes_opcheck() -> None:
     y = torch.ops.trit.linear(x, packed, scale, 32, bias)
     assert y.shape == (2, 3, 24)
     torch.testing.assert_close(y, reference.linear(x, packed, scale, 32, bias), rtol=1e-5, atol=1e-5)
+
+
+def _tiled_layer(n: int = 40, k: int = 576, g: int = 64):
+    from trit.kernels.cuda import mma
+
+    packed, scale = seeded_layer(n, k, g)
+    return packed, scale, mma.repack(packed, scale, g, k)
+
+
+def test_the_tiled_op_equals_the_file_layout_op_and_passes_opcheck() -> None:
+    packed, scale, r = _tiled_layer()
+    x, b = torch.randn(2, 3, 576), torch.randn(40)
+    y = torch.ops.trit.linear_tiled(x, r.wq, r.sc, 40, 64, b)
+    # the layout holds bf16 scales: the same layer with its scales rounded so
+    torch.testing.assert_close(y, reference.linear(x, packed, scale.to(torch.bfloat16).float(), 64, b),
+                               rtol=1e-5, atol=1e-5)
+    torch.library.opcheck(torch.ops.trit.linear_tiled.default, (x, r.wq, r.sc, 40, 64, b))
+    with torch.device("meta"):
+        z = torch.ops.trit.linear_tiled(torch.empty(5, 576, dtype=torch.bfloat16), r.wq.to("meta"), r.sc.to("meta"),
+                                        40, 64, None)
+    assert z.shape == (5, 40) and z.dtype == torch.bfloat16
+
+
+def test_the_tiled_op_passes_gradients_to_activations_and_bias() -> None:
+    packed, scale, r = _tiled_layer(24, 64, 32)
+    x, b = torch.randn(5, 64, requires_grad=True), torch.randn(24, requires_grad=True)
+    ops.linear_tiled(x, r.wq, r.sc, 24, 32, b).square().sum().backward()
+    w = fmt.dequantize(packed, scale.to(torch.bfloat16).float(), 64)
+    x2, b2 = x.detach().clone().requires_grad_(), b.detach().clone().requires_grad_()
+    torch.nn.functional.linear(x2, w, b2).square().sum().backward()
+    torch.testing.assert_close(x.grad, x2.grad, rtol=1e-4, atol=1e-4)
+    torch.testing.assert_close(b.grad, b2.grad, rtol=1e-4, atol=1e-4)
+
+
+def test_a_tiled_layer_computes_the_same_and_refuses_to_save() -> None:
+    import pytest
+
+    model = trit_mlp(96, 64, 32, torch.float32)
+    x = torch.randn(3, 96)
+    first = model[0]
+    assert "CUDA, not cpu" in first.tile_refusal(torch.bfloat16)
+    for layer in (model[0], model[2]):
+        layer.weight_scale.copy_(layer.weight_scale.to(torch.bfloat16))  # the layout's scales are bf16
+    want = model(x)
+    for layer in (model[0], model[2]):
+        layer.tile()
+    assert first.tiled and "layout=mma" in repr(first) and not hasattr(first, "weight_packed")
+    torch.testing.assert_close(model(x), want, rtol=1e-5, atol=1e-5)
+    with pytest.raises(RuntimeError, match="mma layout"):
+        model.state_dict()
+    with pytest.raises(RuntimeError, match="mma layout"):
+        first.planes_tensors()
+    assert first.tile_refusal(torch.bfloat16) == "tiled already"
+    compiled = torch.compile(model, fullgraph=True, backend="aot_eager")
+    torch.testing.assert_close(compiled(x), want, rtol=1e-5, atol=1e-5)
+    assert ops.warm_up(96, first.planes_for_forward()[0], 32, torch.float32, ms=(1, 5)) == 2
+
+
+def test_tile_refusal_says_why_a_layer_stays_in_format_v1(monkeypatch) -> None:
+    import pytest
+
+    cpu, cuda = torch.device("cpu"), torch.device("cuda", 0)
+    assert "CUDA, not cpu" in ops.tile_refusal(cpu, torch.bfloat16, 64, 576, False)
+    assert "bf16" in ops.tile_refusal(cuda, torch.float16, 64, 576, False)
+    assert "int8" in ops.tile_refusal(cuda, torch.bfloat16, 64, 576, True)
+    assert "group size 256" in ops.tile_refusal(cuda, torch.bfloat16, 256, 576, False)
+    assert "multiple of 8" in ops.tile_refusal(cuda, torch.bfloat16, 64, 580, False)
+    monkeypatch.setenv("TRIT_LAYOUT", "v1")
+    assert ops.tile_refusal(cuda, torch.bfloat16, 64, 576, False) == "TRIT_LAYOUT=v1"
+    monkeypatch.setenv("TRIT_LAYOUT", "tiles")
+    with pytest.raises(ValueError, match="TRIT_LAYOUT='tiles'"):
+        ops.tile_refusal(cuda, torch.bfloat16, 64, 576, False)

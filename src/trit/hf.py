@@ -23,7 +23,7 @@ import torch
 
 from trit import format as fmt
 from trit.arch import is_decoder_linear
-from trit.nn import TritLinear, swap_linears
+from trit.nn import TritLinear, swap_linears, tile
 
 _registered = False
 
@@ -69,6 +69,7 @@ def _classes():
                     for (packed, scale), suffixes in zip(mod.planes_tensors(), fmt.plane_suffixes(mod.planes)):
                         fmt.check_layer(name, packed, scale, qcfg.group_size, mod.out_features, mod.in_features,
                                         suffixes=suffixes)
+            tile(model, model.dtype)  # the CUDA kernels' layout, where they can run (TRIT_LAYOUT=v1 keeps format v1)
 
         def param_element_size(self, model, param_name: str, param: torch.Tensor) -> float:
             return param.element_size()

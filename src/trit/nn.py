@@ -8,6 +8,8 @@ from torch import nn
 
 import trit.ops  # registers torch.ops.trit.linear; warm_up
 from trit import format as fmt
+from trit.kernels.cuda import launch as cuda_launch
+from trit.kernels.cuda import mma
 
 
 class TritLinear(nn.Module):
@@ -17,6 +19,10 @@ class TritLinear(nn.Module):
     the forward pass is one call of ``torch.ops.trit.linear`` a trit-plane (:func:`trit.ops.linear_planes`). With
     ``activation=INT8_PER_TOKEN`` the inputs are quantized to int8 per token
     (BitNet's W1.58A8) inside the op.
+
+    :meth:`tile` repacks a loaded layer for inference into the CUDA kernels' mma layout
+    (:mod:`trit.kernels.cuda.mma`): the same weights, in place of the file layout's buffers, and the forward
+    pass calls ``torch.ops.trit.linear_tiled``. A tiled layer has no file-layout state to save.
     """
 
     def __init__(
@@ -42,20 +48,67 @@ class TritLinear(nn.Module):
             self.register_buffer(packed_name, torch.empty(p_shape, dtype=torch.uint8, device=device))
             self.register_buffer(scale_name, torch.empty(s_shape, dtype=scale_dtype, device=device))
         self.bias = nn.Parameter(torch.empty(out_features, dtype=dtype, device=device)) if bias else None
+        self.tiled = False
 
     def planes_tensors(self) -> list[tuple[torch.Tensor, torch.Tensor]]:
         """Each trit-plane's ``(packed, scale)`` buffers."""
+        if self.tiled:
+            raise RuntimeError("this layer is in the mma layout (TritLinear.tile): it has no format-v1 buffers")
         return [(getattr(self, p), getattr(self, s)) for p, s in fmt.plane_suffixes(self.planes)]
 
+    def planes_for_forward(self) -> list[trit.ops.Plane]:
+        """What the forward pass multiplies by: each plane's ``(packed, scale)``, or its mma layout once tiled."""
+        if not self.tiled:
+            return self.planes_tensors()
+        return [mma.MmaWeights(getattr(self, f"tiles_{i}_codes"), getattr(self, f"tiles_{i}_scales"),
+                               self.out_features, self.in_features, self.group_size) for i in range(self.planes)]
+
+    def tile_refusal(self, dtype: torch.dtype) -> str | None:
+        """Why :meth:`tile` would leave this layer in format v1 for activations of ``dtype`` (``None``: it tiles)."""
+        if self.tiled:
+            return "tiled already"
+        device = getattr(self, fmt.plane_suffixes(self.planes)[0][0]).device
+        return cuda_launch.tile_refusal(device, dtype, self.group_size, self.in_features, self.act_int8)
+
+    def tile(self) -> None:
+        """Repack every plane into the mma layout, in place of the format-v1 buffers (for inference)."""
+        for i, (packed_name, scale_name) in enumerate(fmt.plane_suffixes(self.planes)):
+            r = mma.repack(getattr(self, packed_name), getattr(self, scale_name), self.group_size, self.in_features)
+            self.register_buffer(f"tiles_{i}_codes", r.wq, persistent=False)
+            self.register_buffer(f"tiles_{i}_scales", r.sc, persistent=False)
+            delattr(self, packed_name)
+            delattr(self, scale_name)
+        self.tiled = True
+        self.register_state_dict_pre_hook(_refuse_tiled_state)
+
     def forward(self, x: torch.Tensor) -> torch.Tensor:  # (..., K) -> (..., N)
-        return trit.ops.linear_planes(x, self.planes_tensors(), self.group_size, self.bias, self.act_int8)
+        return trit.ops.linear_planes(x, self.planes_for_forward(), self.group_size, self.bias, self.act_int8)
 
     def extra_repr(self) -> str:
         return (
             f"in_features={self.in_features}, out_features={self.out_features}, "
             f"group_size={self.group_size}, bias={self.bias is not None}, activation={self.activation.value}, "
-            f"planes={self.planes}"
+            f"planes={self.planes}" + (", layout=mma" if self.tiled else "")
         )
+
+
+def _refuse_tiled_state(module: nn.Module, prefix: str, keep_vars: bool) -> None:
+    raise RuntimeError(f"{prefix.rstrip('.') or 'the layer'} is in the mma layout for inference (TritLinear.tile): "
+                       f"it has no format-v1 state to save; load with TRIT_LAYOUT=v1 to save or train")
+
+
+def tile(model: nn.Module, dtype: torch.dtype) -> tuple[int, str | None]:
+    """:meth:`TritLinear.tile` every ternary layer that can be: (layers tiled, why the first refused one was not)."""
+    done, why = 0, None
+    for mod in model.modules():
+        if isinstance(mod, TritLinear):
+            reason = mod.tile_refusal(dtype)
+            if reason is None:
+                mod.tile()
+                done += 1
+            elif why is None:
+                why = reason
+    return done, why
 
 
 def swap_linears(model: nn.Module, names: list[str], config: fmt.TritConfig) -> None:
@@ -119,6 +172,6 @@ def warm_up(model: nn.Module, dtype: torch.dtype) -> int:
     calls = 0
     for mod in model.modules():
         if isinstance(mod, TritLinear):
-            for packed, scale in mod.planes_tensors():
-                calls += trit.ops.warm_up(mod.in_features, packed, scale, mod.group_size, dtype, mod.act_int8)
+            for plane in mod.planes_for_forward():
+                calls += trit.ops.warm_up(mod.in_features, plane, mod.group_size, dtype, mod.act_int8)
     return calls

@@ -19,6 +19,9 @@ from __future__ import annotations
 import torch
 
 from trit.format import dequantize
+from trit.kernels.cuda import launch as cuda_launch
+from trit.kernels.cuda.launch import tile_refusal  # noqa: F401  (for the vLLM plugin, which stands on ops)
+from trit.kernels.cuda.mma import MmaWeights, repack  # noqa: F401  (the same)
 from trit.kernels.registry import Problem, choose_kernel
 
 
@@ -36,19 +39,67 @@ def linear(
     return kernel(x, packed, scale, group_size, bias, act_int8)
 
 
+@torch.library.custom_op("trit::linear_tiled", mutates_args=())
+def linear_tiled(
+    x: torch.Tensor,  # (..., K) bf16
+    wq: torch.Tensor,  # (NT, KS, 32, 4) int32: the codes in the mma layout (trit.kernels.cuda.mma)
+    sc: torch.Tensor,  # (NT, GP, 8) int32: the scales, bf16 pairs
+    out_features: int,
+    group_size: int,
+    bias: torch.Tensor | None = None,  # (N,)
+) -> torch.Tensor:  # (..., N) x.dtype
+    """The same layer as ``trit::linear``, its weights repacked at load into the mma layout."""
+    r = MmaWeights(wq, sc, out_features, x.shape[-1], group_size)
+    m = x.numel() // x.shape[-1] if x.shape[-1] else 0
+    problem = Problem(m, out_features, x.shape[-1], group_size, x.device.type, x.dtype, False, "mma")
+    return choose_kernel(problem).kernel.tiled(x, r, bias)
+
+
+@linear_tiled.register_fake
+def _(x, wq, sc, out_features, group_size, bias=None):
+    return x.new_empty((*x.shape[:-1], out_features))
+
+
+def _setup_tiled(ctx, inputs, output) -> None:
+    x, wq, sc, out_features, group_size, bias = inputs
+    ctx.save_for_backward(wq, sc)
+    ctx.shape = (out_features, x.shape[-1], group_size)
+    ctx.has_bias = bias is not None
+
+
+def _backward_tiled(ctx, grad):
+    wq, sc = ctx.saved_tensors
+    grad_x = grad @ cuda_launch.dense(MmaWeights(wq, sc, *ctx.shape), grad.dtype)
+    grad_bias = grad.reshape(-1, grad.shape[-1]).sum(0) if ctx.has_bias else None
+    return grad_x, None, None, None, None, grad_bias
+
+
+linear_tiled.register_autograd(_backward_tiled, setup_context=_setup_tiled)
+
+Plane = tuple[torch.Tensor, torch.Tensor] | MmaWeights
+
+
 def linear_planes(
     x: torch.Tensor,  # (..., K)
-    planes: list[tuple[torch.Tensor, torch.Tensor]],  # each plane's (packed (N, K_pad // 4) uint8, scale (N, G))
+    planes: list[Plane],  # each plane's (packed (N, K_pad // 4) uint8, scale (N, G)), or its mma layout
     group_size: int,
     bias: torch.Tensor | None = None,  # (N,)
     act_int8: bool = False,
 ) -> torch.Tensor:  # (..., N)
-    """A ternary layer of one or more trit-planes: ``trit::linear`` per plane, summed (the bias added once)."""
-    (packed, scale), *rest = planes
-    y = linear(x, packed, scale, group_size, bias, act_int8)
-    for packed, scale in rest:
-        y = y + linear(x, packed, scale, group_size, None, act_int8)
+    """A ternary layer of one or more trit-planes: ``trit::linear`` (or ``trit::linear_tiled``) per plane, summed
+    (the bias added once)."""
+    first, *rest = planes
+    y = _plane(x, first, group_size, bias, act_int8)
+    for plane in rest:
+        y = y + _plane(x, plane, group_size, None, act_int8)
     return y
+
+
+def _plane(x: torch.Tensor, plane: Plane, group_size: int, bias: torch.Tensor | None, act_int8: bool) -> torch.Tensor:
+    if isinstance(plane, MmaWeights):
+        return linear_tiled(x, plane.wq, plane.sc, plane.n, group_size, bias)
+    packed, scale = plane
+    return linear(x, packed, scale, group_size, bias, act_int8)
 
 
 @linear.register_fake
@@ -89,21 +140,22 @@ def warm_up_wanted(device: torch.device) -> bool:
     return flag == "1" or (flag != "0" and device.type == "cuda")
 
 
-def warm_up(in_features: int, packed: torch.Tensor, scale: torch.Tensor, group_size: int, dtype: torch.dtype,
-            act_int8: bool = False, ms: tuple[int, ...] = WARM_UP_MS) -> int:
-    """Run ``trit::linear`` once at each M of ``ms`` on zeros, once a process per layer shape.
+def warm_up(in_features: int, plane: Plane, group_size: int, dtype: torch.dtype, act_int8: bool = False,
+            ms: tuple[int, ...] = WARM_UP_MS) -> int:
+    """Run the layer's op once at each M of ``ms`` on zeros, once a process per layer shape.
 
-    The kernels the op will choose for those sizes compile (or load from Triton's disk cache) now, at
-    load, instead of during the first requests. Returns the number of calls made (0 for a shape
-    already warmed).
+    ``plane``: ``(packed, scale)`` in format v1, or the layer's mma layout. The kernels the op will choose
+    for those sizes compile (or load from the disk caches) now, at load, instead of during the first
+    requests. Returns the number of calls made (0 for a shape already warmed).
     """
-    key = (packed.device, tuple(packed.shape), tuple(scale.shape), scale.dtype, in_features, group_size, dtype,
-           act_int8, ms)
+    first = plane.wq if isinstance(plane, MmaWeights) else plane[0]
+    second = plane.sc if isinstance(plane, MmaWeights) else plane[1]
+    key = (first.device, tuple(first.shape), tuple(second.shape), second.dtype, in_features, group_size, dtype,
+           act_int8, ms, isinstance(plane, MmaWeights))
     if key in _WARMED:
         return 0
     _WARMED.add(key)
     with torch.inference_mode():
         for m in ms:
-            linear(torch.zeros(m, in_features, dtype=dtype, device=packed.device), packed, scale, group_size,
-                   None, act_int8)
+            _plane(torch.zeros(m, in_features, dtype=dtype, device=first.device), plane, group_size, None, act_int8)
     return len(ms)

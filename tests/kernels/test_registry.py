@@ -40,3 +40,22 @@ def test_the_native_cpu_kernel_takes_decode_sizes_and_says_why_not_others() -> N
     assert refused["cpu_native"] == "M = 17 > 16: dequantize + one float matmul is faster there"
     refused = dict(registry.choose_kernel(registry.Problem(1, 64, 96, 32, "cpu", torch.float32)).refused)
     assert refused["cpu_native"] == "K_pad = 96 is not a multiple of 64 (one 16-byte chunk of codes)"
+
+
+def test_the_two_layouts_go_to_their_own_kernels(monkeypatch: pytest.MonkeyPatch) -> None:
+    from trit.kernels.cuda import launch
+
+    v1 = registry.choose_kernel(registry.Problem(1, 64, 576, 64, "cpu", torch.float32))
+    assert ("cuda_gemv", "reads the mma layout only") in v1.refused and not v1.kernel.name.startswith("cuda")
+    tiled = registry.choose_kernel(registry.Problem(1, 64, 576, 64, "cpu", torch.bfloat16, layout="mma"))
+    assert tiled.kernel is registry.REFERENCE
+    assert ("cpu_words", "reads format v1, not the mma layout") in tiled.refused
+    assert ("cuda_gemv", "runs on CUDA, not cpu") in tiled.refused
+    # on a GPU where NVRTC compiles: each size to its kernel (the refusals themselves, with no GPU needed)
+    monkeypatch.setattr(launch, "unavailable", lambda: None)
+    for m, name in ((1, "cuda_gemv"), (launch.GEMV_MAX_M, "cuda_gemv"), (launch.GEMV_MAX_M + 1, "cuda_mma"),
+                    (64, "cuda_mma"), (65, "cuda_dequant_cublas"), (4096, "cuda_dequant_cublas")):
+        p = registry.Problem(m, 4096, 4096, 64, "cuda", torch.bfloat16, layout="mma")
+        assert next(k.name for k in registry.CUDA if k.refuse(p) is None) == name, m
+    half = registry.Problem(1, 4096, 4096, 64, "cuda", torch.float16, layout="mma")
+    assert all("bf16" in k.refuse(half) for k in registry.CUDA)

@@ -1,7 +1,9 @@
 """``trit bench kernels``: ternary linear kernels against bf16 cuBLAS and the reference, on one GPU.
 
 For Llama-3-8B and Qwen2-1.5B layer shapes and M in {1, 4, 16, 64, 256, 2048} it
-times, in the same run: the ``trit::linear`` op as it dispatches, bf16
+times, in the same run: the op a loaded layer calls, as it dispatches
+(``trit::linear_tiled`` on the mma layout where the CUDA kernels can run, else
+``trit::linear`` on format v1), format v1's ``trit::linear`` beside it, bf16
 ``F.linear`` (cuBLAS) and the plain-PyTorch reference (unpack, then matmul).
 Device time comes from CUDA graph replays of many back-to-back calls, and each
 call reads the next of several copies of the weights, together several times
@@ -16,6 +18,7 @@ Writes ``kernels.json`` and ``kernels.png`` under ``--out``.
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import math
 import platform
@@ -28,6 +31,8 @@ import torch
 
 from trit import format as fmt
 from trit.bench.guard import DEFAULT_TOLERANCE, Figure, Report, check
+from trit.kernels.cuda import launch as cuda_launch
+from trit.kernels.cuda import mma as cmma
 
 SHAPES = {
     "llama3-8b": (("qkv", 6144, 4096), ("o", 4096, 4096), ("gate_up", 28672, 4096), ("down", 4096, 14336)),
@@ -56,6 +61,9 @@ class Row:
     speedup_vs_bf16: float
     rel_err_vs_reference: float
     trit_us_spread: float | None = None  # (max - min) / median of the replays
+    layout: str = "v1"  # the layout a loaded layer is held in ("mma": repacked at load for the CUDA kernels)
+    v1_kernel: str | None = None  # with the mma layout: what format v1 (TRIT_LAYOUT=v1) would run, and its time
+    v1_us: float | None = None
 
 
 def copy_bandwidth(gib: float = 2.0) -> float:
@@ -124,8 +132,20 @@ def bench_problem(n: int, k: int, m: int, l2: int, tune: bool) -> dict:
         tuning.prefer(key, min(tuned, key=lambda name: tuned[name]["us"]))
     out = {"tuned": tuned}
     problem = registry.Problem(m, n, k, GROUP, "cuda", torch.bfloat16)
-    out["kernel"] = registry.choose_kernel(problem).kernel.name
-    times = tuning.graph_times_us([_op_call(x, p, s) for p, s in layers])
+    v1_times = tuning.graph_times_us([_op_call(x, p, s) for p, s in layers])
+    v1_kernel = registry.choose_kernel(problem).kernel.name
+    out["layout"] = "mma" if cuda_launch.tile_refusal(x.device, x.dtype, GROUP, k, False) is None else "v1"
+    if out["layout"] == "mma":  # a loaded layer is repacked: time what its forward runs
+        reps = [cmma.repack(p, s, GROUP, k) for p, s in layers]
+        if tune:
+            tuned.update(_tune_tiled(x, reps, key))
+        out["kernel"] = registry.choose_kernel(dataclasses.replace(problem, layout="mma")).kernel.name
+        times = tuning.graph_times_us([_tiled_call(x, r) for r in reps])
+        out["v1_kernel"], out["v1_us"] = v1_kernel, v1_times[len(v1_times) // 2]
+        y = torch.ops.trit.linear_tiled(x, reps[0].wq, reps[0].sc, n, GROUP, None).float()
+    else:
+        out["kernel"], times = v1_kernel, v1_times
+        y = torch.ops.trit.linear(x, layers[0][0], layers[0][1], GROUP, None).float()
     out["trit_us"] = times[len(times) // 2]
     out["trit_us_spread"] = (times[-1] - times[0]) / out["trit_us"]  # over the replays, relative
     w_bytes = n * k * 2
@@ -135,7 +155,6 @@ def bench_problem(n: int, k: int, m: int, l2: int, tune: bool) -> dict:
     del weights
     ref = [lambda p=p, s=s: ref_linear(x, p, s, GROUP) for p, s in layers[: min(copies, 8)]]
     out["reference_us"] = tuning.graph_time_us(ref, reps=3)
-    y = torch.ops.trit.linear(x, layers[0][0], layers[0][1], GROUP, None).float()
     want = ref_linear(x, layers[0][0], layers[0][1], GROUP).float()  # float32 on the GPU
     out["rel_err_vs_reference"] = float((y - want).norm() / want.norm())  # the kernel the op chose, tuned config
     out["trit_bytes"] = t_bytes + m * k * 2 + m * n * 2
@@ -145,6 +164,29 @@ def bench_problem(n: int, k: int, m: int, l2: int, tune: bool) -> dict:
 
 def _op_call(x, packed, scale):
     return lambda: torch.ops.trit.linear(x, packed, scale, GROUP, None)
+
+
+def _tiled_call(x, r):
+    return lambda: torch.ops.trit.linear_tiled(x, r.wq, r.sc, r.n, GROUP, None)
+
+
+def _tune_tiled(x: torch.Tensor, reps: list, key: str) -> dict:
+    """Tune the CUDA kernels' configs on the repacked layers; remembered (in memory) for the timing that follows."""
+    from trit.kernels import tuning
+    from trit.kernels.cuda import gemv as cgemv
+    from trit.kernels.triton.device import sm_count
+
+    m, out = x.shape[0], {}
+    for name, run, cands in (
+        ("cuda_gemv", cgemv.linear, cgemv.configs_for(reps[0], sm_count()) if m <= cgemv.MAX_M else ()),
+        ("cuda_mma", cmma.linear, cmma.configs_for(m, reps[0], sm_count()) if m <= cmma.MAX_M else ()),
+    ):
+        if not cands:
+            continue
+        best, us = tuning.tune(lambda cfg, run=run: [lambda r=r: run(x, r, cfg) for r in reps], cands)
+        tuning.remember(name, key, best, persist=False)
+        out[name] = {"config": asdict(best), "us": us}
+    return out
 
 
 def guard_report(result: dict) -> Report:
@@ -164,7 +206,9 @@ def write_table(path: Path, tuned: dict, command: str) -> None:
     table["command"] = f"{table['command']}; then, for the problems it holds: {command}" if "command" in table \
         else command
     for key, entry in tuned.items():
-        table["choice"][key] = min(entry, key=lambda name: entry[name]["us"])
+        v1 = [name for name in entry if not name.startswith("cuda_")]  # the choice is among format v1's kernels
+        if v1:
+            table["choice"][key] = min(v1, key=lambda name: entry[name]["us"])
         for kernel, t in entry.items():
             if "config" in t:  # dequant_cublas has no config, only a time
                 table["configs"].setdefault(kernel, {})[key] = t["config"]
@@ -252,12 +296,14 @@ def main(out_dir: Path, quick: bool = False, tune: bool = True, tuned_out: Path 
                 row = Row(model, layer, n, k, m, r["kernel"], r["trit_us"], r["bf16_us"], r["reference_us"],
                           r["trit_bytes"], r["bf16_bytes"], r["trit_bytes"] / r["trit_us"] / 1e3,
                           r["bf16_bytes"] / r["bf16_us"] / 1e3, r["trit_bytes"] / (r["trit_us"] * 1e-6) / copy_bw,
-                          r["bf16_us"] / r["trit_us"], r["rel_err_vs_reference"], r["trit_us_spread"])
+                          r["bf16_us"] / r["trit_us"], r["rel_err_vs_reference"], r["trit_us_spread"],
+                          r["layout"], r.get("v1_kernel"), r.get("v1_us"))
                 rows.append(row)
                 _write(out_dir, rows, tuned, copy_bw, l2, start)
                 print(f"{model:>10} {layer:>7} {n:>5}x{k:<5} M={m:<4} {row.kernel:>22} trit {row.trit_us:8.2f} us "
                       f"bf16 {row.bf16_us:8.2f} us ref {row.reference_us:9.2f} us  x{row.speedup_vs_bf16:5.2f} "
-                      f"{row.trit_frac_copy_bw:6.1%} of copy bw", flush=True)
+                      f"{row.trit_frac_copy_bw:6.1%} of copy bw"
+                      + (f" (format v1: {row.v1_kernel} {row.v1_us:.2f} us)" if row.v1_us else ""), flush=True)
     result = _write(out_dir, rows, tuned, copy_bw, l2, start)
     if tuned_out is not None and tuned:
         write_table(tuned_out, tuned, result["command"])

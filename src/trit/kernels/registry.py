@@ -19,6 +19,8 @@ import torch
 
 from trit.format import padded_k
 from trit.kernels import cpu, cpu_native, reference, tuning
+from trit.kernels.cuda import launch as cuda_launch
+from trit.kernels.cuda.mma import MmaWeights
 from trit.kernels.triton import available as triton_available
 
 
@@ -33,6 +35,7 @@ class Problem:
     device_type: str
     dtype: torch.dtype
     act_int8: bool = False
+    layout: str = "v1"  # "v1": the checkpoint's packed codes; "mma": repacked at load (trit.kernels.cuda.mma)
 
     @classmethod
     def of(cls, x: torch.Tensor, packed: torch.Tensor, group_size: int, act_int8: bool = False) -> Problem:
@@ -41,6 +44,7 @@ class Problem:
 
 
 LinearFn = Callable[[torch.Tensor, torch.Tensor, torch.Tensor, int, "torch.Tensor | None"], torch.Tensor]
+TiledFn = Callable[[torch.Tensor, "MmaWeights", "torch.Tensor | None"], torch.Tensor]
 
 
 @dataclass(frozen=True)
@@ -49,6 +53,7 @@ class Kernel:
     refuse: Callable[[Problem], str | None]  # None: can run it; else why not
     run: LinearFn | None  # None: an int8-activation kernel only (its refusal turns other problems away)
     run_a8: LinearFn | None = None  # its own int8-activation path, if it has one
+    tiled: TiledFn | None = None  # its path for layers in the mma layout, if it has one
 
     def __call__(self, x, packed, scale, group_size, bias, act_int8: bool = False) -> torch.Tensor:
         """Run it; with ``act_int8`` and no int8 path of its own, on the activations quantized and dequantized."""
@@ -73,7 +78,7 @@ def _native_refuse(p: Problem) -> str | None:
     return cpu_native.refuse(p.m, padded_k(p.k, p.group_size), p.group_size, p.dtype)
 
 
-REFERENCE = Kernel("reference", lambda p: None, reference.linear, reference.linear_a8)
+REFERENCE = Kernel("reference", lambda p: None, reference.linear, reference.linear_a8, cuda_launch.reference)
 CPU = Kernel("cpu_words", _cpu_refuse, cpu.linear)
 NATIVE = Kernel("cpu_native", _native_refuse, cpu_native.linear, cpu_native.linear_a8)
 
@@ -93,9 +98,24 @@ def _triton_candidates() -> tuple[Kernel, ...]:
     )
 
 
+CUDA = (
+    Kernel("cuda_gemv", cuda_launch.refuse_gemv, None, tiled=cuda_launch.run_gemv),
+    Kernel("cuda_mma", cuda_launch.refuse_mma, None, tiled=cuda_launch.run_mma),
+    Kernel("cuda_dequant_cublas", cuda_launch.refuse_dequant, None, tiled=cuda_launch.run_dequant),
+)
+
+
 def candidates() -> tuple[Kernel, ...]:
     """Every kernel, in the order :func:`choose_kernel` tries them (the Triton ones only where triton is installed)."""
-    return (*_triton_candidates(), NATIVE, CPU, REFERENCE)
+    return (*CUDA, *_triton_candidates(), NATIVE, CPU, REFERENCE)
+
+
+def _refusal(kernel: Kernel, problem: Problem) -> str | None:
+    if problem.layout == "mma" and kernel.tiled is None:
+        return "reads format v1, not the mma layout"
+    if problem.layout != "mma" and kernel.run is None and kernel.run_a8 is None:
+        return "reads the mma layout only"
+    return kernel.refuse(problem)
 
 
 _DISABLED: frozenset[str] = frozenset(n.strip() for n in os.environ.get("TRIT_DISABLE_KERNELS", "").split(",")
@@ -126,7 +146,7 @@ class Choice:
 def _choose(problem: Problem, tables: int, disabled: frozenset[str]) -> Choice:
     refused = []
     for kernel in candidates():
-        why = "disabled (TRIT_DISABLE_KERNELS or registry.disable)" if kernel.name in disabled else kernel.refuse(problem)
+        why = "disabled (TRIT_DISABLE_KERNELS or registry.disable)" if kernel.name in disabled else _refusal(kernel, problem)
         if why is None:
             return Choice(kernel, tuple(refused))
         refused.append((kernel.name, why))

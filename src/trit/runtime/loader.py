@@ -24,7 +24,7 @@ from trit import compressed
 from trit import format as fmt
 from trit.arch import FLOAT_DTYPES, check_architecture, materialize_buffers, meta_model, tied_names
 from trit.checkpoint import CONFIG_FILE, Checkpoint, open_checkpoint
-from trit.nn import TritLinear, W4A8Linear, swap_linears, warm_up
+from trit.nn import TritLinear, W4A8Linear, swap_linears, tile, warm_up
 from trit.ops import warm_up_wanted
 
 
@@ -79,6 +79,7 @@ def load(
     swap_linears(model, names, qcfg)
     _load_tensors(model, ckpt, qcfg, device, dtype, validate)
     materialize_buffers(model, device)
+    tile(model, dtype)  # the CUDA kernels' layout, where they can run (TRIT_LAYOUT=v1 keeps format v1)
     if warm_up_wanted(device) if warm is None else warm:  # compile the kernels now, not in the first request
         warm_up(model, dtype)
     return Loaded(model.eval(), tokenizer, qcfg, ckpt)

@@ -179,28 +179,49 @@ class TritLinearMethod(LinearMethodBase):
         layer.trit_act_int8 = self.trit.activation is fmt.ActivationQuant.INT8_PER_TOKEN
         layer.trit_planes = fmt.plane_suffixes(self.trit.planes)
         layer.trit_in_features = input_size_per_partition
+        layer.trit_out_features = n
         layer.trit_dtype = params_dtype
+        layer.trit_tiled = False
 
     def process_weights_after_loading(self, layer: torch.nn.Module) -> None:
-        """Check the loaded values (codes, scales) on the device, then keep plain tensors.
+        """Check the loaded values (codes, scales) on the device, repack them into the CUDA kernels' mma layout
+        where those can run (:func:`trit.kernels.cuda.launch.tile_refusal`), and keep plain tensors.
 
         A layer no checkpoint tensor reached (``load_format="dummy"``, which fills float tensors with
         small random values of either sign) keeps its all-zero codes and gets the magnitudes of those
         values as scales: valid, and the same work for the kernels as real weights.
         """
-        for packed_name, scale_name in layer.trit_planes:
+        group = self.trit.group_size
+        for i, (packed_name, scale_name) in enumerate(layer.trit_planes):
             packed, scale = getattr(layer, packed_name).data, getattr(layer, scale_name).data
             if not layer.trit_loaded:
                 scale.abs_().clamp_(min=1e-6)
-            fmt.check_layer(self.prefix, packed, scale, self.trit.group_size, check_values=True,
-                            suffixes=(packed_name, scale_name))
-            setattr(layer, packed_name, torch.nn.Parameter(packed, requires_grad=False))
-            setattr(layer, scale_name, torch.nn.Parameter(scale, requires_grad=False))
+            fmt.check_layer(self.prefix, packed, scale, group, check_values=True, suffixes=(packed_name, scale_name))
+            why = trit.ops.tile_refusal(packed.device, layer.trit_dtype, group, layer.trit_in_features,
+                                        layer.trit_act_int8)
+            if why is None:  # the repacked layer replaces the loaded one: one copy of the weights
+                r = trit.ops.repack(packed, scale, group, layer.trit_in_features)
+                delattr(layer, packed_name)
+                delattr(layer, scale_name)
+                layer.register_parameter(f"tiles_{i}_codes", torch.nn.Parameter(r.wq, requires_grad=False))
+                layer.register_parameter(f"tiles_{i}_scales", torch.nn.Parameter(r.sc, requires_grad=False))
+                layer.trit_tiled = True
+                plane: trit.ops.Plane = r
+            else:
+                setattr(layer, packed_name, torch.nn.Parameter(packed, requires_grad=False))
+                setattr(layer, scale_name, torch.nn.Parameter(scale, requires_grad=False))
+                plane = (packed, scale)
             if trit.ops.warm_up_wanted(packed.device):  # compile the prefill kernels at load, not in a request
-                trit.ops.warm_up(layer.trit_in_features, packed, scale, self.trit.group_size, layer.trit_dtype,
-                                 layer.trit_act_int8)
+                trit.ops.warm_up(layer.trit_in_features, plane, group, layer.trit_dtype, layer.trit_act_int8)
 
     def apply(self, layer: torch.nn.Module, x: torch.Tensor, bias: torch.Tensor | None = None) -> torch.Tensor:
+        if layer.trit_tiled:
+            y = None
+            for i in range(len(layer.trit_planes)):
+                yi = trit.ops.linear_tiled(x, getattr(layer, f"tiles_{i}_codes"), getattr(layer, f"tiles_{i}_scales"),
+                                           layer.trit_out_features, layer.trit_group_size, bias if i == 0 else None)
+                y = yi if y is None else y + yi
+            return y
         planes = [(getattr(layer, p), getattr(layer, s)) for p, s in layer.trit_planes]
         return trit.ops.linear_planes(x, planes, layer.trit_group_size, bias, layer.trit_act_int8)
 

@@ -27,6 +27,7 @@ from trit.kernels.cuda import mma
 
 SOURCE_FILE = Path(__file__).with_name("gemv.cu")
 MAX_M = 4
+MAX_SMEM = 160 * 1024  # a block's quantized activations stay under this (an H100/H200 SM has 227 KiB)
 X_BITS = 15  # activations become integers below 2**15 in magnitude, per 128-input step
 
 
@@ -75,6 +76,19 @@ def heuristic(m: int, row_tiles: int, k_steps: int, sms: int) -> GemvConfig:
     return GemvConfig(rt, splits)
 
 
+def configs_for(r: mma.MmaWeights, sms: int) -> list[GemvConfig]:
+    """The search space of tuning (``trit bench kernels``, ``benchmarks/exp_mma.py``) for layer ``r``."""
+    out = []
+    for rt in (1, 2, 4):
+        for warps, pf in ((4, 2), (4, 4), (4, 8), (8, 4), (2, 4)):
+            blocks = -(-r.row_tiles // (warps * rt))
+            for splits in (1, 2, 4, 8, 16):
+                if splits > r.k_steps or (splits > 1 and blocks * splits > 16 * sms):
+                    continue
+                out.append(GemvConfig(rt, splits, warps, pf))
+    return out
+
+
 def split_steps(k_steps: int, splits: int) -> tuple[int, int]:
     """(steps a split, splits) with no empty split."""
     per = -(-k_steps // max(1, min(splits, k_steps)))
@@ -97,6 +111,8 @@ def linear(x: torch.Tensor, r: mma.MmaWeights, config: GemvConfig | None = None)
     mg = token_slots(m)
     cfg = config or heuristic(m, r.row_tiles, r.k_steps, sm_count())
     per, splits = split_steps(r.k_steps, cfg.splits)
+    while smem_bytes(mg, per, r.group_size) > MAX_SMEM:  # a very long K: more splits, each quantizing less
+        per, splits = split_steps(r.k_steps, 2 * splits)
     smem = smem_bytes(mg, per, r.group_size)
     kern = nvrtc.load(source(), kernel_name(mg, cfg, r.group_size), smem=smem)
     blocks = -(-r.row_tiles // (cfg.warps * cfg.rt))

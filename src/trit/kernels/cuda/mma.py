@@ -195,6 +195,26 @@ def heuristic(m: int, row_tiles: int, k_steps: int, sms: int) -> MmaConfig:
     return MmaConfig(rt, ki, splits)
 
 
+def configs_for(m: int, r: MmaWeights, sms: int) -> list[MmaConfig]:
+    """The search space of tuning (``trit bench kernels``, ``benchmarks/exp_mma.py``) for M rows of layer ``r``."""
+    out = []
+    mt = token_tiles(m)
+    rts = kis = (1, 2, 4) if mt <= 2 else (1, 2)
+    folds = (True, False) if mt <= 4 else (False,)
+    for rt in rts:
+        for ki in kis:
+            for nw in (4,) if mt <= 2 else (4, 8):
+                blocks, chunks = grid(r.row_tiles, r.k_steps, nw, rt, ki)
+                for fold in folds:
+                    if smem_bytes(mt, MmaConfig(rt, ki, 1, 3, fold, nw), r.group_size) > 200 * 1024:
+                        continue
+                    for sk in (1, 2, 4, 8, 16):
+                        if sk > chunks or (sk > 1 and blocks * sk > 8 * sms):
+                            continue
+                        out.append(MmaConfig(rt, ki, sk, 3, fold, nw))
+    return out
+
+
 _WORKSPACE: dict[int, list[tuple[torch.Tensor, torch.Tensor]]] = {}
 
 

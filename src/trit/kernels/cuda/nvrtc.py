@@ -122,6 +122,13 @@ class Kernel:
     name: str
     module: ctypes.c_void_p
     func: ctypes.c_void_p
+    smem_limit: int = 48 * 1024  # dynamic shared memory a launch may ask for (raised by ``allow_smem``)
+
+    def allow_smem(self, smem: int) -> None:
+        """Let launches use ``smem`` bytes of dynamic shared memory (above the default 48 KiB: an opt-in)."""
+        if smem > self.smem_limit:
+            _cu_check(driver().cuFuncSetAttribute(self.func, 8, smem), f"shared memory of {self.name}")
+            self.smem_limit = smem  # 8: CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES
 
     def launch(self, grid: tuple[int, int, int], block: int, smem: int, args: list) -> None:
         import torch
@@ -144,6 +151,7 @@ def load(source: str, name: str, options: tuple[str, ...] = (), smem: int = 0) -
     arch = f"sm_{major}{minor}"
     key = (source, name, arch, options, dev)
     if key in _LOADED:
+        _LOADED[key].allow_smem(smem)
         return _LOADED[key]
     digest = hashlib.sha256("\0".join([source, name, arch, *options]).encode()).hexdigest()[:24]
     path = cache_dir() / "cuda" / f"{digest}.cubin"
@@ -162,8 +170,7 @@ def load(source: str, name: str, options: tuple[str, ...] = (), smem: int = 0) -
     module, func = ctypes.c_void_p(), ctypes.c_void_p()
     _cu_check(driver().cuModuleLoadData(ctypes.byref(module), cubin), f"load of {name}")
     _cu_check(driver().cuModuleGetFunction(ctypes.byref(func), module, lowered.encode()), f"lookup of {name}")
-    if smem > 48 * 1024:
-        _cu_check(driver().cuFuncSetAttribute(func, 8, smem), f"shared memory of {name}")  # MAX_DYNAMIC_SHARED_SIZE
     kern = Kernel(name, module, func)
+    kern.allow_smem(smem)
     _LOADED[key] = kern
     return kern

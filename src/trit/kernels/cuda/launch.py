@@ -1,0 +1,141 @@
+"""The CUDA C++ candidates of :func:`trit.kernels.registry.choose_kernel`, on the load-time mma layout.
+
+A layer is held in one layout. Where :func:`tile_refusal` finds nothing against
+it, the runtime and the vLLM plugin repack each layer once, at load
+(:func:`trit.kernels.cuda.mma.repack`), and the layer's forward calls
+``trit::linear_tiled``; these kernels take it from there: the dp2a GEMV for a
+few rows, the tensor-core GEMM up to 64 rows, dequantize + cuBLAS above. Each
+refusal says why, as the Triton candidates' do. Where NVRTC cannot compile
+(no CUDA build of torch, no ``nvidia-cuda-nvrtc``), nothing is repacked and
+the Triton kernels read format v1 as before: the reason is logged once.
+"""
+
+from __future__ import annotations
+
+import functools
+import logging
+import os
+
+import torch
+
+from trit.kernels import tuning
+from trit.kernels.cuda import gemv, mma
+
+log = logging.getLogger(__name__)
+
+# the GEMV takes up to this many rows, the mma kernel up to mma.MAX_M, dequantize + cuBLAS the rest
+# (benchmarks/results/mma_h200.json)
+GEMV_MAX_M = 4
+LAYOUT_ENV = "TRIT_LAYOUT"  # "mma" (the default where it can) or "v1" (keep the checkpoint's layout)
+
+
+@functools.cache
+def unavailable() -> str | None:
+    """Why the CUDA kernels cannot run in this process (``None``: they can)."""
+    if not torch.cuda.is_available():
+        return "no CUDA device"
+    from trit.kernels.cuda import nvrtc
+
+    try:
+        nvrtc.nvrtc()
+        nvrtc.driver()
+    except nvrtc.CudaUnavailable as e:
+        return str(e)
+    return None
+
+
+def tile_refusal(device: torch.device, dtype: torch.dtype, group_size: int, in_features: int,
+                 act_int8: bool) -> str | None:
+    """Why a layer on ``device`` running in ``dtype`` stays in format v1 (``None``: repack it to the mma layout)."""
+    wanted = os.environ.get(LAYOUT_ENV, "mma")
+    if wanted not in ("mma", "v1"):
+        raise ValueError(f"{LAYOUT_ENV}={wanted!r}: expected 'mma' or 'v1'")
+    if wanted == "v1":
+        return f"{LAYOUT_ENV}=v1"
+    if device.type != "cuda":
+        return f"the mma layout's kernels run on CUDA, not {device.type}"
+    if dtype != torch.bfloat16:
+        return f"the mma layout's kernels take bf16 activations, not {str(dtype).removeprefix('torch.')}"
+    if act_int8:
+        return "int8 activations (W1.58A8) go through the Triton int8 kernels, which read format v1"
+    if group_size not in mma.GROUPS:
+        return f"group size {group_size}: the mma layout takes {mma.GROUPS}"
+    if in_features % 8:
+        return f"K = {in_features} is not a multiple of 8"
+    why = unavailable()
+    if why is not None:
+        _log_once(why)
+    return why
+
+
+@functools.cache
+def _log_once(why: str) -> None:
+    log.warning("trit: layers stay in format v1 for the Triton kernels: %s", why)
+
+
+def _refusal(p, max_m: int, what: str) -> str | None:
+    if p.device_type != "cuda":
+        return f"runs on CUDA, not {p.device_type}"
+    if p.dtype != torch.bfloat16:
+        return f"takes bf16 activations, not {str(p.dtype).removeprefix('torch.')}"
+    if p.act_int8:
+        return "no int8-activation path"
+    if p.m > max_m:
+        return f"M = {p.m} > {max_m}: {what}"
+    if p.k % 8:
+        return f"K = {p.k} is not a multiple of 8"
+    return unavailable()
+
+
+def refuse_gemv(p) -> str | None:
+    return _refusal(p, GEMV_MAX_M, "the mma kernel is faster from here")
+
+
+def refuse_mma(p) -> str | None:
+    return _refusal(p, mma.MAX_M, f"the mma kernel takes at most {mma.MAX_M} rows")
+
+
+def refuse_dequant(p) -> str | None:
+    return _refusal(p, 1 << 62, "")
+
+
+def _flat(x: torch.Tensor) -> torch.Tensor:
+    return x.reshape(-1, x.shape[-1])
+
+
+def _finish(y: torch.Tensor, x: torch.Tensor, bias: torch.Tensor | None) -> torch.Tensor:
+    if bias is not None:
+        y = y + bias
+    return y.view(*x.shape[:-1], y.shape[-1])
+
+
+def _tuned(name: str, x2: torch.Tensor, r: mma.MmaWeights, config_type):
+    """The tuned table's config for this problem (``trit bench kernels --tuned-out``), else ``None``: the heuristic."""
+    return tuning.lookup(name, tuning.key(x2.shape[0], r.n, r.k, r.group_size, x2.dtype), config_type)
+
+
+def run_gemv(x: torch.Tensor, r: mma.MmaWeights, bias: torch.Tensor | None) -> torch.Tensor:
+    x2 = _flat(x)
+    return _finish(gemv.linear(x2, r, _tuned("cuda_gemv", x2, r, gemv.GemvConfig)), x, bias)
+
+
+def run_mma(x: torch.Tensor, r: mma.MmaWeights, bias: torch.Tensor | None) -> torch.Tensor:
+    x2 = _flat(x)
+    return _finish(mma.linear(x2, r, _tuned("cuda_mma", x2, r, mma.MmaConfig)), x, bias)
+
+
+def run_dequant(x: torch.Tensor, r: mma.MmaWeights, bias: torch.Tensor | None) -> torch.Tensor:
+    return torch.nn.functional.linear(x, gemv.dequantize(r), bias)
+
+
+def reference(x: torch.Tensor, r: mma.MmaWeights, bias: torch.Tensor | None) -> torch.Tensor:
+    """Any device, any dtype: the layout's dense weight in float32, rounded once to ``x.dtype``."""
+    b = None if bias is None else bias.float()
+    return torch.nn.functional.linear(x.float(), mma.unpack_layout(r), b).to(x.dtype)
+
+
+def dense(r: mma.MmaWeights, dtype: torch.dtype) -> torch.Tensor:
+    """The layer's dense weight (N, K) in ``dtype`` (the backward pass multiplies the gradient by it)."""
+    if r.wq.is_cuda and unavailable() is None:
+        return gemv.dequantize(r).to(dtype)
+    return mma.unpack_layout(r).to(dtype)
