@@ -13,9 +13,10 @@ tensor-core kernels, a word for the dequantize). It uses the ``ptxas`` and
 ``cuobjdump`` that ship with triton, so the counts are those of the installed
 triton: a CPU can guard them exactly (the figures of the regression guard,
 :mod:`trit.bench.guard`; a baseline of another triton is refused). The CUDA C++
-kernel (``trit.kernels.cuda.mma``, not dispatched yet) is compiled with NVRTC
-at the config its heuristic picks for that problem, where NVRTC is installed;
-its version is then one of the versions a baseline must match.
+kernels of the mma layout (``trit.kernels.cuda``) are compiled with NVRTC at
+the config the shipped table holds for that problem (their heuristic's where
+it holds none), where NVRTC is installed; its version is then one of the
+versions a baseline must match.
 """
 
 from __future__ import annotations
@@ -41,7 +42,7 @@ BIN = Path(triton.__file__).parent / "backends" / "nvidia" / "bin"
 N, K, GROUP = 28672, 4096, 64
 # kernel -> the M its table entry is keyed at (the rows it runs with)
 KERNELS = {"gemv": 1, "skinny": 16, "gemm": 64, "dequant": 2048, "gemm_a8": 512}
-CUDA_KERNELS = {"mma": 16}  # the CUDA C++ kernels, compiled with NVRTC
+CUDA_KERNELS = {"cuda_gemv": 1, "cuda_mma": 16}  # the CUDA C++ kernels, compiled with NVRTC
 LINE = re.compile(r"\s*/\*([0-9a-f]{4,})\*/\s+(?:@!?U?P\w+\s+)?([A-Z][A-Z0-9_]+)")
 COMMON = {"x_ptr": "*bf16", "w_ptr": "*i32", "s_ptr": "*fp16", "b_ptr": "*fp16", "y_ptr": "*bf16",
           "ws_ptr": "*fp32", "lock_ptr": "*i32"}
@@ -132,10 +133,23 @@ def compile_one(kernel: str, fields: list[int], m: int) -> dict:
     return measure(compiled.asm["cubin"], kernel, fields, m, per_trip, unit)
 
 
-def measure(cubin: bytes, kernel: str, fields: list[int], m: int, per_trip: int, unit: str) -> dict:
-    """A compiled kernel's row: registers, stack and main-loop instructions, also per ``unit`` a thread."""
+def function_sass(sass: str, name: str | None) -> str:
+    """The SASS of function ``name`` (a mangled name) of a cubin's disassembly; all of it for ``None``."""
+    if name is None:
+        return sass
+    parts = re.split(r"\n\s*Function : ", sass)
+    found = [p for p in parts[1:] if p.split("\n", 1)[0].strip() == name]
+    assert found, f"no function {name} in the cubin"
+    return found[0]
+
+
+def measure(cubin: bytes, kernel: str, fields: list[int], m: int, per_trip: int, unit: str,
+            function: str | None = None) -> dict:
+    """A compiled kernel's row: registers, stack and main-loop instructions, also per ``unit`` a thread.
+
+    ``function``: the (mangled) name of the kernel, where the cubin holds others (their addresses overlap)."""
     usage, sass = disassemble(cubin)
-    ops = loop_ops(sass)
+    ops = loop_ops(function_sass(sass, function))
     total = sum(ops.values())
     return {"kernel": kernel, "config": fields, "m": m,
             "registers": int(re.search(r"REG:(\d+)", usage).group(1)),
@@ -162,15 +176,28 @@ def nvrtc_version() -> str | None:
 
 
 def compile_cuda(kernel: str, m: int) -> dict:
-    """The CUDA C++ kernel at the config :func:`trit.kernels.cuda.mma.heuristic` gives gate_up at ``m`` rows."""
-    from trit.kernels.cuda import mma, nvrtc
+    """A CUDA C++ kernel at the config a launch on gate_up at ``m`` rows takes: the shipped table's, else its
+    heuristic's."""
+    import dataclasses
 
-    assert kernel == "mma", kernel
-    cfg = mma.heuristic(m, *mma.tiles(N, K), sms=132)  # an H200's SMs
-    cubin, _, _ = nvrtc.compile_cubin(mma.source(), mma.kernel_name(mma.token_tiles(m), cfg, GROUP), "sm_90")
-    per_trip = cfg.rt * cfg.ki * 4 * 16  # a lane's weights a chunk: rt tiles x ki steps x 4 words of 16
-    fields = [cfg.rt, cfg.ki, cfg.splits, cfg.stages, int(cfg.fold), cfg.warps]
-    return measure(cubin, kernel, fields, m, per_trip, "weight")
+    import torch
+
+    from trit.kernels import tuning
+    from trit.kernels.cuda import gemv, mma, nvrtc
+
+    key = tuning.key(m, N, K, GROUP, torch.bfloat16)
+    if kernel == "cuda_mma":
+        cfg = tuning.lookup(kernel, key, mma.MmaConfig) or mma.heuristic(m, *mma.tiles(N, K), sms=132)  # an H200
+        name, source = mma.kernel_name(mma.token_tiles(m), cfg, GROUP), mma.source()
+        per_trip = cfg.rt * cfg.ki * 4 * 16  # a lane's weights a chunk: rt tiles x ki steps x 4 words of 16
+    else:
+        assert kernel == "cuda_gemv", kernel
+        cfg = tuning.lookup(kernel, key, gemv.GemvConfig) or gemv.heuristic(m, *mma.tiles(N, K), sms=132)
+        name, source = gemv.kernel_name(gemv.token_slots(m), cfg, GROUP), gemv.source()
+        per_trip = cfg.pf * cfg.rt * 4 * 16  # a lane's weights a trip: pf steps x rt tiles x 4 words of 16
+    cubin, lowered, _ = nvrtc.compile_cubin(source, name, "sm_90")
+    fields = [int(v) for v in dataclasses.astuple(cfg)]
+    return measure(cubin, kernel, fields, m, per_trip, "weight", lowered)
 
 
 def shipped_config(kernel: str) -> list[int]:

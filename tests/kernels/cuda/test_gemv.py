@@ -72,6 +72,7 @@ def test_configs() -> None:
         gemv.token_slots(5)
     assert [gemv.units(g) for g in (32, 64, 128, fmt.PER_ROW)] == [4, 2, 1, 1]
     assert gemv.smem_bytes(2, 10, 64) == 10 * 2 * (256 + 8 + 8)
+    assert gemv.smem_bytes(1, 10, 32) == 10 * 288  # 256 + 8 + 16, padded to 16 bytes
     assert gemv.kernel_name(1, gemv.GemvConfig(2, 4, 4, 4), fmt.PER_ROW) == "trit_gemv<1, 2, 0, 4, 4>"
     assert gemv.split_steps(32, 5) == (7, 5) and gemv.split_steps(3, 8) == (1, 3) and gemv.split_steps(9, 1) == (9, 1)
     cfg = gemv.heuristic(1, 1792, 32, 132)  # Llama-3-8B gate_up

@@ -43,6 +43,12 @@ __device__ __forceinline__ U4 lds128(u32 addr) {
     return v;
 }
 
+__device__ __forceinline__ float lds32f(u32 addr) {
+    float v;
+    asm volatile("ld.shared.f32 %0, [%1];" : "=f"(v) : "r"(addr));
+    return v;
+}
+
 __device__ __forceinline__ int dp2a_lo(u32 a, u32 b, int c) {
     int d;
     asm("dp2a.lo.s32.u32 %0, %1, %2, %3;" : "=r"(d) : "r"(a), "r"(b), "r"(c));
@@ -76,6 +82,10 @@ __global__ void __launch_bounds__(NW * 32) trit_gemv(const U4* __restrict__ wq, 
                                                  int K, int KS, int GP, int steps_per_split, int splits) {
     constexpr int U = GS == 0 ? 4 : GS / 32;  // words a unit: a scale group, or a step when groups are larger
     constexpr int UPS = 4 / U;                 // units a step
+    // shared memory, a record a step: int16 pairs [4 words][MG][4 t] x 16 B | the scales [MG] (inv/16, inv/64) |
+    // the unit sums [UPS][MG] (sum x, f32), padded to 16 bytes
+    constexpr int XS_OFF = 256 * MG, XU_OFF = XS_OFF + 8 * MG;
+    constexpr int SB = (XU_OFF + 4 * UPS * MG + 15) / 16 * 16;
     extern __shared__ __align__(16) unsigned char smem[];
 
     const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
@@ -84,15 +94,11 @@ __global__ void __launch_bounds__(NW * 32) trit_gemv(const U4* __restrict__ wq, 
     const int s0 = blockIdx.y * steps_per_split;
     const int s1 = min(KS, s0 + steps_per_split);
     const int nsteps = s1 - s0;
-    // shared memory: pairs [nsteps][4 words][MG][4 t] x 16 B | scales [nsteps][MG] (inv/16, inv/64) | unit sums
-    // [nsteps][UPS][MG] (sum x, f32)
-    short* pairs = reinterpret_cast<short*>(smem);
-    float* xscale = reinterpret_cast<float*>(smem + nsteps * 256 * MG);
-    float* xunit = xscale + nsteps * MG * 2;
 
     // 1. Quantize this block's share of the activations: a warp a (step, token), four inputs a lane.
     for (int job = warp; job < nsteps * MG; job += NW) {
         const int i = job / MG, m = job % MG;
+        unsigned char* rec = smem + i * SB;
         const int col = (s0 + i) * 128 + 4 * lane;
         float v[4] = {0.f, 0.f, 0.f, 0.f};
         if (m < M && col < K) {  // K % 8 == 0: four inputs are all in or all out
@@ -106,6 +112,7 @@ __global__ void __launch_bounds__(NW * 32) trit_gemv(const U4* __restrict__ wq, 
         int e = 0;
         frexpf(amax, &e);  // amax < 2^e: amax * 2^(15 - e) < 2^15, and a bf16 that large is an exact integer
         const float up = amax > 0.f ? ldexpf(1.f, 15 - e) : 0.f, inv = amax > 0.f ? ldexpf(1.f, e - 15) : 0.f;
+        short* pairs = reinterpret_cast<short*>(rec);
         int part = 0;
 #pragma unroll
         for (int vv = 0; vv < 4; ++vv) {
@@ -113,79 +120,78 @@ __global__ void __launch_bounds__(NW * 32) trit_gemv(const U4* __restrict__ wq, 
             part += xi;
             const int c32 = (4 * lane + vv) & 31, j = lane >> 3;
             const int s = c32 >> 4, h = (c32 >> 3) & 1, tt = (c32 & 7) >> 1, el = c32 & 1;
-            pairs[((((i * 4 + j) * MG + m) * 4 + tt) * 4 + el * 2 + h) * 2 + s] = (short)xi;
+            pairs[(((j * MG + m) * 4 + tt) * 4 + el * 2 + h) * 2 + s] = (short)xi;
         }
 #pragma unroll
         for (int o = 1; o < 8 * U; o <<= 1) part += __shfl_xor_sync(0xFFFFFFFFu, part, o);
-        if (lane % (8 * U) == 0) xunit[(i * UPS + lane / (8 * U)) * MG + m] = (float)part * inv;
+        if (lane % (8 * U) == 0) reinterpret_cast<float*>(rec + XU_OFF)[(lane / (8 * U)) * MG + m] = (float)part * inv;
         if (lane == 0) {
-            xscale[(i * MG + m) * 2] = inv * 0.0625f;
-            xscale[(i * MG + m) * 2 + 1] = inv * 0.015625f;
+            reinterpret_cast<float*>(rec + XS_OFF)[m * 2] = inv * 0.0625f;
+            reinterpret_cast<float*>(rec + XS_OFF)[m * 2 + 1] = inv * 0.015625f;
         }
     }
     __syncthreads();
 
-    // 2. The warp's row tiles (a tile past N reads the last one, and is never stored).
+    // 2. The warp's row tiles (a tile past N reads the last one, and is never stored). Pointers advance a step
+    // at a time; codes and scales are loaded PF steps ahead, into a ring of registers.
     const int tile0 = (blockIdx.x * NW + warp) * RT;
-    const U4* wsrc[RT];
-    const u32* ssrc[RT];
+    constexpr int NSC = GS == 0 ? 1 : UPS;  // scale words a step
+    const U4* wp[RT];
+    const u32* sp[RT];
+    constexpr int RING = PF + 1;  // a slot beyond PF: a step's load goes to the slot the step before consumed
+    U4 wbuf[RING][RT];
+    u32 sbuf[RING][RT][NSC];
+    u32 row_scale[RT];
 #pragma unroll
     for (int r = 0; r < RT; ++r) {
         const int tile = min(tile0 + r, NT - 1);
-        wsrc[r] = wq + ((long)tile * KS + s0) * 32 + lane;
-        ssrc[r] = sc + ((long)tile * GP + (GS == 0 ? 0 : s0 * UPS)) * 8 + g;
-    }
-    constexpr int NSC = GS == 0 ? 1 : UPS;  // scale words a step
-    U4 wbuf[PF][RT];
-    u32 sbuf[PF][RT][NSC];
+        wp[r] = wq + ((long)tile * KS + s0) * 32 + lane;
+        sp[r] = sc + ((long)tile * GP + (GS == 0 ? 0 : s0 * UPS)) * 8 + g;
+        row_scale[r] = GS == 0 ? ldg32(sp[r]) : 0u;
 #pragma unroll
-    for (int p = 0; p < PF; ++p)
-#pragma unroll
-        for (int r = 0; r < RT; ++r) {
-            if (p < nsteps) wbuf[p][r] = ldg128(wsrc[r] + p * 32);
+        for (int p = 0; p < PF; ++p) {
+            if (p < nsteps) wbuf[p][r] = ldg128(wp[r] + p * 32);
 #pragma unroll
             for (int u = 0; u < NSC; ++u)
-                if (GS != 0 && p < nsteps) sbuf[p][r][u] = ldg32(ssrc[r] + (p * UPS + u) * 8);
+                if (GS != 0 && p < nsteps) sbuf[p][r][u] = ldg32(sp[r] + (p * UPS + u) * 8);
         }
-    u32 row_scale[RT];
-#pragma unroll
-    for (int r = 0; r < RT; ++r) row_scale[r] = GS == 0 ? ldg32(ssrc[r]) : 0u;
+        wp[r] += PF * 32;
+        sp[r] += GS == 0 ? 0 : PF * UPS * 8;
+    }
 
     float accg[RT][MG], acch[RT][MG];
 #pragma unroll
     for (int r = 0; r < RT; ++r)
 #pragma unroll
         for (int m = 0; m < MG; ++m) accg[r][m] = acch[r][m] = 0.f;
+    const float first_lane = t == 0 ? 1.f : 0.f;  // the quad's first lane takes off sum x
 
-    const u32 pairs_base = (u32)__cvta_generic_to_shared(pairs) + t * 16;
-    for (int base = 0; base < nsteps; base += PF) {
+    u32 rec = (u32)__cvta_generic_to_shared(smem);
+    for (int base = 0; base < nsteps; base += RING) {
 #pragma unroll
-        for (int p = 0; p < PF; ++p) {
+        for (int p = 0; p < RING; ++p, rec += SB) {
             const int i = base + p;
             if (i >= nsteps) break;
-            U4 wv[RT];
-            u32 sv[RT][NSC];
+            const U4* wv = wbuf[p];
+            const u32(*sv)[NSC] = sbuf[p];
+            const bool more = i + PF < nsteps;
+            const int fill = (p + PF) % RING;  // a constant once the loop is unrolled
 #pragma unroll
             for (int r = 0; r < RT; ++r) {
-                wv[r] = wbuf[p][r];
+                if (more) wbuf[fill][r] = ldg128(wp[r]);
 #pragma unroll
-                for (int u = 0; u < NSC; ++u) sv[r][u] = sbuf[p][r][u];
-                if (i + PF < nsteps) {
-                    wbuf[p][r] = ldg128(wsrc[r] + (i + PF) * 32);
-#pragma unroll
-                    for (int u = 0; u < NSC; ++u)
-                        if (GS != 0) sbuf[p][r][u] = ldg32(ssrc[r] + ((i + PF) * UPS + u) * 8);
-                }
+                for (int u = 0; u < NSC; ++u)
+                    if (GS != 0 && more) sbuf[fill][r][u] = ldg32(sp[r] + u * 8);
+                wp[r] += 32;
+                sp[r] += GS == 0 ? 0 : UPS * 8;
             }
-            float xs[MG][2];
-#pragma unroll
-            for (int m = 0; m < MG; ++m) xs[m][0] = xscale[(i * MG + m) * 2], xs[m][1] = xscale[(i * MG + m) * 2 + 1];
+            const u32 lane_rec = rec + t * 16;
             int ia[RT][MG][4];
 #pragma unroll
             for (int j = 0; j < 4; ++j) {
                 U4 P[MG];
 #pragma unroll
-                for (int m = 0; m < MG; ++m) P[m] = lds128(pairs_base + ((i * 4 + j) * MG + m) * 64);
+                for (int m = 0; m < MG; ++m) P[m] = lds128(lane_rec + (j * MG + m) * 64);
 #pragma unroll
                 for (int r = 0; r < RT; ++r) {
                     const u32 w = j == 0 ? wv[r].x : j == 1 ? wv[r].y : j == 2 ? wv[r].z : wv[r].w;
@@ -202,16 +208,20 @@ __global__ void __launch_bounds__(NW * 32) trit_gemv(const U4* __restrict__ wq, 
                 }
                 if ((j + 1) % U == 0) {  // a unit ends: to floats, less sum x, times the group scale
                     const int u = j / U;
-                    float xo[MG];
+                    float xsg[MG], xsh[MG], xo[MG];
 #pragma unroll
-                    for (int m = 0; m < MG; ++m) xo[m] = t == 0 ? xunit[(i * UPS + u) * MG + m] : 0.f;
+                    for (int m = 0; m < MG; ++m) {
+                        xsg[m] = lds32f(rec + XS_OFF + m * 8);
+                        xsh[m] = lds32f(rec + XS_OFF + m * 8 + 4);
+                        xo[m] = lds32f(rec + XU_OFF + (u * MG + m) * 4) * first_lane;
+                    }
 #pragma unroll
                     for (int r = 0; r < RT; ++r) {
                         const u32 sw = GS == 0 ? 0u : sv[r][u];
 #pragma unroll
                         for (int m = 0; m < MG; ++m) {
-                            const float dg = fmaf((float)((ia[r][m][0] << 4) + ia[r][m][2]), xs[m][0], -xo[m]);
-                            const float dh = fmaf((float)((ia[r][m][1] << 4) + ia[r][m][3]), xs[m][1], -xo[m]);
+                            const float dg = fmaf((float)((ia[r][m][0] << 4) + ia[r][m][2]), xsg[m], -xo[m]);
+                            const float dh = fmaf((float)((ia[r][m][1] << 4) + ia[r][m][3]), xsh[m], -xo[m]);
                             if (GS == 0) {
                                 accg[r][m] += dg;
                                 acch[r][m] += dh;

@@ -59,8 +59,9 @@ def units(group_size: int) -> int:
 
 
 def smem_bytes(mg: int, steps: int, group_size: int) -> int:
-    """Quantized activations of ``steps`` 128-input steps: int16 pairs, two scales and the unit sums a step."""
-    return steps * mg * (256 + 8 + 4 * units(group_size))
+    """Quantized activations of ``steps`` 128-input steps: int16 pairs, two scales and the unit sums a step,
+    each step's record padded to 16 bytes."""
+    return steps * (-(-mg * (256 + 8 + 4 * units(group_size)) // 16) * 16)
 
 
 def kernel_name(mg: int, cfg: GemvConfig, group_size: int) -> str:
