@@ -96,16 +96,21 @@ def _problem(kernel: str, fields: list[int], m: int):
             {"num_warps": cfg.num_warps, "num_stages": cfg.num_stages}, per_trip, "weight")
 
 
-def loop_ops(sass: str) -> collections.Counter:
+def loop_ops(sass: str, work: str | None = None) -> collections.Counter:
     """Opcodes of the longest loop: from a backward branch's target to the branch (a kernel with no loop, such
-    as the dequantize, which runs one step a program: every instruction but the trailing padding)."""
+    as the dequantize, which runs one step a program: every instruction but the trailing padding). With
+    ``work`` (an opcode), the shortest span that holds it: the innermost loop doing the work, where nvcc's
+    layout also leaves backward branches around the barriers of the prologue and the epilogue."""
     lines = [(int(mt.group(1), 16), mt.group(2), ln) for ln in sass.splitlines() if (mt := LINE.match(ln))]
     best: list = []
     for addr, op, ln in lines:
         target = re.search(r"0x([0-9a-f]+)", ln.split("BRA", 1)[1]) if op == "BRA" else None
         if target and int(target.group(1), 16) < addr:
             body = [o for a, o, _ in lines if int(target.group(1), 16) <= a <= addr]
-            best = body if len(body) > len(best) else best
+            if work is None:
+                best = body if len(body) > len(best) else best
+            elif work in body and (not best or len(body) < len(best)):
+                best = body
     if not best:
         best = [o for _, o, _ in lines if o != "NOP"]
         while best and best[-1] == "BRA":  # the self-branch after EXIT
@@ -144,12 +149,13 @@ def function_sass(sass: str, name: str | None) -> str:
 
 
 def measure(cubin: bytes, kernel: str, fields: list[int], m: int, per_trip: int, unit: str,
-            function: str | None = None) -> dict:
+            function: str | None = None, work: str | None = None) -> dict:
     """A compiled kernel's row: registers, stack and main-loop instructions, also per ``unit`` a thread.
 
-    ``function``: the (mangled) name of the kernel, where the cubin holds others (their addresses overlap)."""
+    ``function``: the (mangled) name of the kernel, where the cubin holds others (their addresses overlap);
+    ``work``: the opcode of its main loop's work (see :func:`loop_ops`)."""
     usage, sass = disassemble(cubin)
-    ops = loop_ops(function_sass(sass, function))
+    ops = loop_ops(function_sass(sass, function), work)
     total = sum(ops.values())
     return {"kernel": kernel, "config": fields, "m": m,
             "registers": int(re.search(r"REG:(\d+)", usage).group(1)),
@@ -190,14 +196,16 @@ def compile_cuda(kernel: str, m: int) -> dict:
         cfg = tuning.lookup(kernel, key, mma.MmaConfig) or mma.heuristic(m, *mma.tiles(N, K), sms=132)  # an H200
         name, source = mma.kernel_name(mma.token_tiles(m), cfg, GROUP), mma.source()
         per_trip = cfg.rt * cfg.ki * 4 * 16  # a lane's weights a chunk: rt tiles x ki steps x 4 words of 16
+        work = "HMMA"
     else:
         assert kernel == "cuda_gemv", kernel
         cfg = tuning.lookup(kernel, key, gemv.GemvConfig) or gemv.heuristic(m, *mma.tiles(N, K), sms=132)
         name, source = gemv.kernel_name(gemv.token_slots(m), cfg, GROUP), gemv.source()
-        per_trip = cfg.pf * cfg.rt * 4 * 16  # a lane's weights a trip: pf steps x rt tiles x 4 words of 16
+        per_trip = (cfg.pf + 1) * cfg.rt * 4 * 16  # a lane's weights a trip: pf + 1 steps x rt tiles x 4 words of 16
+        work = "IDP"
     cubin, lowered, _ = nvrtc.compile_cubin(source, name, "sm_90")
     fields = [int(v) for v in dataclasses.astuple(cfg)]
-    return measure(cubin, kernel, fields, m, per_trip, "weight", lowered)
+    return measure(cubin, kernel, fields, m, per_trip, "weight", lowered, work)
 
 
 def shipped_config(kernel: str) -> list[int]:
