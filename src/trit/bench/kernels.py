@@ -11,8 +11,11 @@ the L2 cache, as real decode reads each layer once per token. Bandwidth is
 bytes moved (weights, scales, activations in, outputs out) over time, and its
 fraction of the device-to-device copy bandwidth measured in the same run.
 
-Before timing, each problem's kernel configs are tuned (same rotation) and the
-table is written to ``--tuned-out`` (the package ships it: ``kernels/tuned``).
+Before timing, each problem's kernel configs are tuned (same rotation), for
+the kernels a loaded layer runs (the CUDA kernels on the mma layout where they
+can run, else the Triton ones; format v1's time beside them uses the table's
+configs), and the table is written to ``--tuned-out`` (the package ships it:
+``kernels/tuned``; entries this run did not tune are kept).
 Writes ``kernels.json`` and ``kernels.png`` under ``--out``.
 """
 
@@ -111,7 +114,8 @@ def bench_problem(n: int, k: int, m: int, l2: int, tune: bool) -> dict:
     layers = [ternary_layer(n, k) for _ in range(copies)]
     key = tuning.key(m, n, k, GROUP, torch.bfloat16)
     tuned = {}
-    if tune:
+    tiled = cuda_launch.tile_refusal(x.device, x.dtype, GROUP, k, False) is None
+    if tune and not tiled:  # format v1's kernels, when they are the ones a loaded layer runs
         for name, run, cands in (
             ("gemv", gemv.gemv, gemv.CONFIGS if m <= gemv.MAX_M else ()),
             ("skinny", skinny.skinny, skinny.configs_for(m, GROUP) if m <= skinny.MAX_M else ()),
@@ -134,7 +138,7 @@ def bench_problem(n: int, k: int, m: int, l2: int, tune: bool) -> dict:
     problem = registry.Problem(m, n, k, GROUP, "cuda", torch.bfloat16)
     v1_times = tuning.graph_times_us([_op_call(x, p, s) for p, s in layers])
     v1_kernel = registry.choose_kernel(problem).kernel.name
-    out["layout"] = "mma" if cuda_launch.tile_refusal(x.device, x.dtype, GROUP, k, False) is None else "v1"
+    out["layout"] = "mma" if tiled else "v1"
     if out["layout"] == "mma":  # a loaded layer is repacked: time what its forward runs
         reps = [cmma.repack(p, s, GROUP, k) for p, s in layers]
         if tune:
