@@ -111,6 +111,7 @@ __global__ void __launch_bounds__(NW * 32) trit_gemv(const U4* __restrict__ wq, 
         for (int o = 16; o > 0; o >>= 1) amax = fmaxf(amax, __shfl_xor_sync(0xFFFFFFFFu, amax, o));
         int e = 0;
         frexpf(amax, &e);  // amax < 2^e: amax * 2^(15 - e) < 2^15, and a bf16 that large is an exact integer
+        e = max(e, -100);  // a step of tiny values: 2^(15 - e) stays finite (they round to zero)
         const float up = amax > 0.f ? ldexpf(1.f, 15 - e) : 0.f, inv = amax > 0.f ? ldexpf(1.f, e - 15) : 0.f;
         short* pairs = reinterpret_cast<short*>(rec);
         int part = 0;

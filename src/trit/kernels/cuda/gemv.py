@@ -17,7 +17,7 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass
-from functools import lru_cache
+from functools import cache, lru_cache
 from pathlib import Path
 
 import torch
@@ -27,7 +27,7 @@ from trit.kernels.cuda import mma
 
 SOURCE_FILE = Path(__file__).with_name("gemv.cu")
 MAX_M = 4
-MAX_SMEM = 160 * 1024  # a block's quantized activations stay under this (an H100/H200 SM has 227 KiB)
+MAX_SMEM = 160 * 1024  # a block's quantized activations stay under this and the device's opt-in limit
 X_BITS = 15  # activations become integers below 2**15 in magnitude, per 128-input step
 
 
@@ -82,6 +82,8 @@ def configs_for(r: mma.MmaWeights, sms: int) -> list[GemvConfig]:
     out = []
     for rt in (1, 2, 4):
         for warps, pf in ((4, 2), (4, 4), (4, 8), (8, 4), (2, 4)):
+            if rt == 4 and pf > 4:  # spills registers
+                continue
             blocks = -(-r.row_tiles // (warps * rt))
             for splits in (1, 2, 4, 8, 16):
                 if splits > r.k_steps or (splits > 1 and blocks * splits > 16 * sms):
@@ -94,6 +96,13 @@ def split_steps(k_steps: int, splits: int) -> tuple[int, int]:
     """(steps a split, splits) with no empty split."""
     per = -(-k_steps // max(1, min(splits, k_steps)))
     return per, -(-k_steps // per)
+
+
+@cache
+def max_smem(device: torch.device) -> int:
+    """Dynamic shared memory a block may opt in to on ``device`` (99 KiB on sm_86/89, 163 KiB on sm_80, ...)."""
+    props = torch.cuda.get_device_properties(device)
+    return getattr(props, "shared_memory_per_block_optin", 99 * 1024)
 
 
 def linear(x: torch.Tensor, r: mma.MmaWeights, config: GemvConfig | None = None) -> torch.Tensor:
@@ -112,7 +121,8 @@ def linear(x: torch.Tensor, r: mma.MmaWeights, config: GemvConfig | None = None)
     mg = token_slots(m)
     cfg = config or heuristic(m, r.row_tiles, r.k_steps, sm_count())
     per, splits = split_steps(r.k_steps, cfg.splits)
-    while smem_bytes(mg, per, r.group_size) > MAX_SMEM:  # a very long K: more splits, each quantizing less
+    limit = min(MAX_SMEM, max_smem(x.device) - 1024)
+    while smem_bytes(mg, per, r.group_size) > limit:  # a very long K: more splits, each quantizing less
         per, splits = split_steps(r.k_steps, 2 * splits)
     smem = smem_bytes(mg, per, r.group_size)
     kern = nvrtc.load(source(), kernel_name(mg, cfg, r.group_size), smem=smem)
@@ -131,6 +141,8 @@ def dequantize(r: mma.MmaWeights) -> torch.Tensor:
 
     from trit.kernels.cuda import nvrtc
 
+    if r.k % 2:
+        raise ValueError(f"trit_dequant writes bf16 pairs: K = {r.k} must be even")
     out = torch.empty(r.n, r.k, dtype=torch.bfloat16, device=r.wq.device)
     kern = nvrtc.load(source(), "trit_dequant")
     threads = r.row_tiles * r.k_steps * 32
@@ -150,6 +162,7 @@ def quantize_activations(x: torch.Tensor, k_steps: int) -> tuple[torch.Tensor, t
     steps = xp.view(m, k_steps, mma.K_STEP)
     amax = steps.abs().amax(-1)
     _, e = torch.frexp(amax)  # amax = f 2**e, 0.5 <= f < 1
+    e = e.clamp(min=-100)  # as the kernel: a step of tiny values rounds to zero
     inv = torch.where(amax > 0, torch.ldexp(torch.ones_like(amax), e - X_BITS), torch.zeros_like(amax))
     up = torch.where(amax > 0, torch.ldexp(torch.ones_like(amax), X_BITS - e), torch.zeros_like(amax))
     xi = torch.round(steps * up[..., None])  # round half to even, as cvt.rni does
