@@ -190,6 +190,9 @@ def _tune_tiled(x: torch.Tensor, reps: list, key: str) -> dict:
         best, us = tuning.tune(lambda cfg, run=run: [lambda r=r: run(x, r, cfg) for r in reps], cands)
         tuning.remember(name, key, best, persist=False)
         out[name] = {"config": asdict(best), "us": us}
+    if 16 <= m <= 2 * cmma.MAX_M:  # where the mma kernel hands over to dequantize + cuBLAS: both timed
+        out["cuda_dequant_cublas"] = {"us": tuning.graph_time_us(
+            [lambda r=r: torch.nn.functional.linear(x, cgemv.dequantize(r)) for r in reps])}
     return out
 
 
