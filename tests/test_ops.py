@@ -177,6 +177,9 @@ def test_tile_refusal_says_why_a_layer_stays_in_format_v1(monkeypatch) -> None:
     assert "multiple of 8" in ops.tile_refusal(cuda, torch.bfloat16, 64, 580, False)
     monkeypatch.setenv("TRIT_LAYOUT", "v1")
     assert ops.tile_refusal(cuda, torch.bfloat16, 64, 576, False) == "TRIT_LAYOUT=v1"
+    monkeypatch.setenv("TRIT_LAYOUT", "mma")  # forced: any device and dtype the layout can hold
+    assert ops.tile_refusal(cpu, torch.float32, 64, 576, False) is None
+    assert "group size 256" in ops.tile_refusal(cpu, torch.float32, 256, 576, False)
     monkeypatch.setenv("TRIT_LAYOUT", "tiles")
     with pytest.raises(ValueError, match="TRIT_LAYOUT='tiles'"):
         ops.tile_refusal(cuda, torch.bfloat16, 64, 576, False)

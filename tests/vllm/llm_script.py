@@ -4,7 +4,8 @@
 
 Writes the greedy continuations and prompt log-probs of a fixed prompt set as JSON, and beside it
 (``OUT.layers.json``) each linear layer of the model vLLM built, with its quantization method's class,
-its scheme's class where the method has one (compressed-tensors), and the activation rounding the plugin set on it.
+its scheme's class where the method has one (compressed-tensors), the activation rounding the plugin set on it,
+and whether the plugin repacked it into the mma layout.
 """
 
 import json
@@ -17,7 +18,7 @@ def linear_layers(model) -> list[dict]:
     from vllm.model_executor.layers.linear import LinearBase
 
     return [{"name": name, "method": type(m.quant_method).__name__, "act_int8": getattr(m, "trit_act_int8", None),
-             "scheme": type(m.scheme).__name__ if hasattr(m, "scheme") else None}
+             "tiled": getattr(m, "trit_tiled", None), "scheme": type(m.scheme).__name__ if hasattr(m, "scheme") else None}
             for name, m in model.named_modules() if isinstance(m, LinearBase)]
 
 

@@ -26,7 +26,10 @@ log = logging.getLogger(__name__)
 # the GEMV takes up to this many rows, the mma kernel up to mma.MAX_M, dequantize + cuBLAS the rest
 # (benchmarks/results/mma_h200.json)
 GEMV_MAX_M = 4
-LAYOUT_ENV = "TRIT_LAYOUT"  # "mma" (the default where it can) or "v1" (keep the checkpoint's layout)
+# "auto" (the default): the mma layout where the CUDA kernels run it; "v1": keep the checkpoint's layout;
+# "mma": the mma layout wherever it can hold the layer, on any device (elsewhere than the CUDA kernels run, the
+# plain-PyTorch reference computes it: slow, for tests of the layout's path)
+LAYOUT_ENV = "TRIT_LAYOUT"
 
 
 @functools.cache
@@ -47,21 +50,23 @@ def unavailable() -> str | None:
 def tile_refusal(device: torch.device, dtype: torch.dtype, group_size: int, in_features: int,
                  act_int8: bool) -> str | None:
     """Why a layer on ``device`` running in ``dtype`` stays in format v1 (``None``: repack it to the mma layout)."""
-    wanted = os.environ.get(LAYOUT_ENV, "mma")
-    if wanted not in ("mma", "v1"):
-        raise ValueError(f"{LAYOUT_ENV}={wanted!r}: expected 'mma' or 'v1'")
+    wanted = os.environ.get(LAYOUT_ENV, "auto") or "auto"
+    if wanted not in ("auto", "mma", "v1"):
+        raise ValueError(f"{LAYOUT_ENV}={wanted!r}: expected 'auto', 'mma' or 'v1'")
     if wanted == "v1":
         return f"{LAYOUT_ENV}=v1"
-    if device.type != "cuda":
-        return f"the mma layout's kernels run on CUDA, not {device.type}"
-    if dtype != torch.bfloat16:
-        return f"the mma layout's kernels take bf16 activations, not {str(dtype).removeprefix('torch.')}"
     if act_int8:
         return "int8 activations (W1.58A8) go through the Triton int8 kernels, which read format v1"
     if group_size not in mma.GROUPS:
         return f"group size {group_size}: the mma layout takes {mma.GROUPS}"
     if in_features % 8:
         return f"K = {in_features} is not a multiple of 8"
+    if wanted == "mma":
+        return None
+    if device.type != "cuda":
+        return f"the mma layout's kernels run on CUDA, not {device.type}"
+    if dtype != torch.bfloat16:
+        return f"the mma layout's kernels take bf16 activations, not {str(dtype).removeprefix('torch.')}"
     why = unavailable()
     if why is not None:
         _log_once(why)
