@@ -193,6 +193,8 @@ def _tune_tiled(x: torch.Tensor, reps: list, key: str) -> dict:
     if 16 <= m <= 2 * cmma.MAX_M:  # where the mma kernel hands over to dequantize + cuBLAS: both timed
         out["cuda_dequant_cublas"] = {"us": tuning.graph_time_us(
             [lambda r=r: torch.nn.functional.linear(x, cgemv.dequantize(r)) for r in reps])}
+    if len(out) > 1:  # the fastest of the layout's kernels takes this problem
+        tuning.prefer(key, min(out, key=lambda name: out[name]["us"]), "choice_mma")
     return out
 
 
@@ -213,9 +215,10 @@ def write_table(path: Path, tuned: dict, command: str) -> None:
     table["command"] = f"{table['command']}; then, for the problems it holds: {command}" if "command" in table \
         else command
     for key, entry in tuned.items():
-        v1 = [name for name in entry if not name.startswith("cuda_")]  # the choice is among format v1's kernels
-        if v1:
-            table["choice"][key] = min(v1, key=lambda name: entry[name]["us"])
+        for choice, names in (("choice", [n for n in entry if not n.startswith("cuda_")]),  # format v1's kernels
+                              ("choice_mma", [n for n in entry if n.startswith("cuda_")])):  # the mma layout's
+            if len(names) > 1 or (names and choice == "choice"):
+                table.setdefault(choice, {})[key] = min(names, key=lambda name: entry[name]["us"])
         for kernel, t in entry.items():
             if "config" in t:  # dequant_cublas has no config, only a time
                 table["configs"].setdefault(kernel, {})[key] = t["config"]

@@ -61,7 +61,8 @@ def _tables() -> dict[str, dict[str, dict[str, Any]]]:
                     data = json.loads(path.read_text())
                     for kernel, entries in data.get("configs", {}).items():
                         tables.setdefault(kernel, {}).update(entries)
-                    tables.setdefault("choice", {}).update(data.get("choice", {}))
+                    for table in ("choice", "choice_mma"):  # format v1's kernels; the mma layout's
+                        tables.setdefault(table, {}).update(data.get(table, {}))
             _TABLES = tables
         return _TABLES
 
@@ -71,16 +72,17 @@ def lookup(kernel: str, problem_key: str, config_type: type[C]) -> C | None:
     return config_type(**entry) if entry is not None else None
 
 
-def preferred(problem_key: str) -> str | None:
-    """The kernel the tuned table found fastest for this problem, if it holds one."""
-    return _tables().get("choice", {}).get(problem_key)
+def preferred(problem_key: str, table: str = "choice") -> str | None:
+    """The kernel the tuned table found fastest for this problem, if it holds one (``table``: ``"choice"`` for
+    format v1's kernels, ``"choice_mma"`` for the mma layout's)."""
+    return _tables().get(table, {}).get(problem_key)
 
 
-def prefer(problem_key: str, kernel: str) -> None:
+def prefer(problem_key: str, kernel: str, table: str = "choice") -> None:
     """Record (in memory) the fastest kernel for a problem: ``trit bench kernels`` writes these."""
     with _LOCK:
         tables = _TABLES if _TABLES is not None else {}
-        tables.setdefault("choice", {})[problem_key] = kernel
+        tables.setdefault(table, {})[problem_key] = kernel
         _bump()
 
 

@@ -23,8 +23,8 @@ from trit.kernels.cuda import gemv, mma
 
 log = logging.getLogger(__name__)
 
-# the GEMV takes up to this many rows, the mma kernel up to mma.MAX_M, dequantize + cuBLAS the rest
-# (benchmarks/results/mma_h200.json)
+# without a tuned choice (the table's "choice_mma"), the GEMV takes up to this many rows, the mma kernel up to
+# mma.MAX_M, dequantize + cuBLAS the rest
 GEMV_MAX_M = 4
 # "auto" (the default): the mma layout where the CUDA kernels run it; "v1": keep the checkpoint's layout;
 # "mma": the mma layout wherever it can hold the layer, on any device (elsewhere than the CUDA kernels run, the
@@ -92,12 +92,23 @@ def _refusal(p, max_m: int, what: str) -> str | None:
     return unavailable()
 
 
+def _prefers_other(p, name: str) -> str | None:
+    choice = tuning.preferred(tuning.key(p.m, p.n, p.k, p.group_size, p.dtype), "choice_mma")
+    if choice is not None and choice != name:
+        return f"the tuned table measured {choice} faster for this problem"
+    return None
+
+
 def refuse_gemv(p) -> str | None:
-    return _refusal(p, GEMV_MAX_M, "the mma kernel is faster from here")
+    if p.m > gemv.MAX_M:
+        return f"M = {p.m} > {gemv.MAX_M}: the GEMV holds at most {gemv.MAX_M} rows"
+    return _refusal(p, GEMV_MAX_M if tuning.preferred(tuning.key(p.m, p.n, p.k, p.group_size, p.dtype), "choice_mma")
+                    is None else gemv.MAX_M, "no tuned choice, and the mma kernel is faster there as a rule") \
+        or _prefers_other(p, "cuda_gemv")
 
 
 def refuse_mma(p) -> str | None:
-    return _refusal(p, mma.MAX_M, f"the mma kernel takes at most {mma.MAX_M} rows")
+    return _refusal(p, mma.MAX_M, f"the mma kernel takes at most {mma.MAX_M} rows") or _prefers_other(p, "cuda_mma")
 
 
 def refuse_dequant(p) -> str | None:
