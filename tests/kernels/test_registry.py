@@ -59,3 +59,20 @@ def test_the_two_layouts_go_to_their_own_kernels(monkeypatch: pytest.MonkeyPatch
         assert next(k.name for k in registry.CUDA if k.refuse(p) is None) == name, m
     half = registry.Problem(1, 4096, 4096, 64, "cuda", torch.float16, layout="mma")
     assert all("bf16" in k.refuse(half) for k in registry.CUDA)
+
+
+def test_the_tuned_table_picks_among_the_mma_layouts_kernels(monkeypatch: pytest.MonkeyPatch) -> None:
+    from trit.kernels import tuning
+    from trit.kernels.cuda import launch
+
+    monkeypatch.setattr(launch, "unavailable", lambda: None)
+    monkeypatch.setattr(tuning, "_TABLES", {"choice_mma": {}})
+    first = {}
+    for m in (2, 4, 32):
+        p = registry.Problem(m, 4096, 4096, 64, "cuda", torch.bfloat16, layout="mma")
+        first[m] = lambda p=p: next(k.name for k in registry.CUDA if k.refuse(p) is None)
+    assert (first[2](), first[4](), first[32]()) == ("cuda_gemv", "cuda_gemv", "cuda_mma")  # no entry: the rule
+    tuning.prefer(tuning.key(4, 4096, 4096, 64, torch.bfloat16), "cuda_mma", "choice_mma")
+    tuning.prefer(tuning.key(32, 4096, 4096, 64, torch.bfloat16), "cuda_dequant_cublas", "choice_mma")
+    assert (first[2](), first[4](), first[32]()) == ("cuda_gemv", "cuda_mma", "cuda_dequant_cublas")
+    assert tuning.preferred(tuning.key(4, 4096, 4096, 64, torch.bfloat16)) is None  # format v1's choice apart
