@@ -183,7 +183,10 @@ def _tune_tiled(x: torch.Tensor, reps: list, key: str) -> dict:
     m, out = x.shape[0], {}
     for name, run, cands in (
         ("cuda_gemv", cgemv.linear, cgemv.configs_for(reps[0], sm_count()) if m <= cgemv.MAX_M else ()),
-        ("cuda_mma", cmma.linear, cmma.configs_for(m, reps[0], sm_count()) if m <= cmma.MAX_M else ()),
+        # where the GEMV can take the problem, the mma kernel at its heuristic config only (a shorter run)
+        ("cuda_mma", cmma.linear, () if m > cmma.MAX_M else [cmma.heuristic(m, reps[0].row_tiles, reps[0].k_steps,
+                                                                          sm_count())]
+         if m <= cgemv.MAX_M else cmma.configs_for(m, reps[0], sm_count())),
     ):
         if not cands:
             continue
