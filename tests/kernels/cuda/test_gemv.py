@@ -96,7 +96,7 @@ def test_every_variant_compiles(arch: str) -> None:
             cubin, lowered, log = nvrtc.compile_cubin(gemv.source(), gemv.kernel_name(mg, gemv.GemvConfig(), g), arch)
             assert len(cubin) > 1000 and lowered.startswith("_Z9trit_gemv"), log
     cubin, lowered, log = nvrtc.compile_cubin(gemv.source(), "trit_dequant", arch)
-    assert lowered == "_Z12trit_dequantPK2U4PKjPjiiiii", log
+    assert lowered == "_Z12trit_dequantPK2U4PKjPtiiiii", log
 
 
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a GPU")

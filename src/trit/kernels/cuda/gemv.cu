@@ -278,32 +278,53 @@ __global__ void __launch_bounds__(NW * 32) trit_gemv(const U4* __restrict__ wq, 
     if (threadIdx.x == 0) locks[blockIdx.x] = 0;
 }
 
-// The dense bf16 weight (N, K) from the layout, for prefill (then cuBLAS): a thread a 16-byte vector
-// (a lane's four words of one tile and step), each register pair stored as one bf16x2.
-__global__ void trit_dequant(const U4* __restrict__ wq, const u32* __restrict__ sc, u32* __restrict__ out, int N,
-                             int K, int KS, int GP, int GS) {
-    const long idx = (long)blockIdx.x * blockDim.x + threadIdx.x;  // (tile, step, lane)
+// The dense bf16 weight (N, K) from the layout, for prefill (then cuBLAS): a warp a 16-row tile and 128-input
+// step. Each lane decodes its four words into bf16 pairs ((c - 1) s, exact: a shift, a lop3 that makes the
+// bf16 128 + c, an FMA to c - 1 and a multiply by the scale) in a shared-memory tile (rows padded to 68 words:
+// no bank conflicts), then the warp writes the tile's 16 rows with 16-byte stores, 256 contiguous bytes a row.
+#define ONE 0x3F803F80u
+#define M129 0xC301C301u
+#define BASE 0x43004300u
+#define NEG_ZERO 0x80008000u
+
+__device__ __forceinline__ u32 fma_bf16x2(u32 a, u32 b, u32 c) {
+    u32 d;
+    asm("fma.rn.bf16x2 %0, %1, %2, %3;" : "=r"(d) : "r"(a), "r"(b), "r"(c));
+    return d;
+}
+
+__global__ void __launch_bounds__(128) trit_dequant(const U4* __restrict__ wq, const u32* __restrict__ sc,
+                                                    u16* __restrict__ out, int N, int K, int KS, int GP, int GS) {
+    constexpr int ROW = 68;  // words a tile row in shared memory: 64 pairs + 4 of padding
+    __shared__ __align__(16) u32 tiles[4][16 * ROW];
+    const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
+    const long job = (long)blockIdx.x * 4 + warp;  // (tile, step)
     const int NT = (N + 15) >> 4;
-    if (idx >= (long)NT * KS * 32) return;
-    const int lane = idx & 31, step = (idx >> 5) % KS, tile = (int)((idx >> 5) / KS);
+    if (job >= (long)NT * KS) return;  // the whole warp: no block-wide barrier follows
+    const int step = (int)(job % KS), tile = (int)(job / KS);
     const int g = lane >> 2, t = lane & 3;
-    const U4 v = wq[idx];
+    const U4 v = wq[job * 32 + lane];
     const u32 words[4] = {v.x, v.y, v.z, v.w};
+    u32* buf = tiles[warp];
 #pragma unroll
     for (int j = 0; j < 4; ++j) {
         const int col0 = step * 128 + j * 32;
-        if (col0 >= K) break;
         const u32 sw = sc[((long)tile * GP + (GS == 0 ? 0 : col0 / GS)) * 8 + g];
-        const float sg = __uint_as_float(sw << 16), sh = __uint_as_float(sw & 0xFFFF0000u);
+        const u32 sg = __byte_perm(sw, 0, 0x1010), sh = __byte_perm(sw, 0, 0x3232);
 #pragma unroll
         for (int q = 0; q < 8; ++q) {
-            const int s = q >> 2, r = q & 3;
-            const int row = tile * 16 + g + (r & 1) * 8, col = col0 + 16 * s + 2 * t + (r >> 1) * 8;
-            if (row >= N || col >= K) continue;
-            const float scale = (r & 1) ? sh : sg;
-            const float lo = (float)((int)((words[j] >> (2 * q)) & 3) - 1) * scale;
-            const float hi = (float)((int)((words[j] >> (16 + 2 * q)) & 3) - 1) * scale;
-            out[((long)row * K + col) >> 1] = (u32)f32_to_bf16(lo) | ((u32)f32_to_bf16(hi) << 16);
+            const int r = q & 3, s = q >> 2;
+            const u32 c = ((words[j] >> (2 * q)) & 0x00030003u) | BASE;
+            buf[(g + (r & 1) * 8) * ROW + 16 * j + 8 * s + t + 4 * (r >> 1)] =
+                fma_bf16x2(fma_bf16x2(c, ONE, M129), (r & 1) ? sh : sg, NEG_ZERO);
         }
+    }
+    __syncwarp();
+#pragma unroll
+    for (int c = lane; c < 256; c += 32) {
+        const int row = c >> 4, chunk = c & 15;
+        const int n = tile * 16 + row, col = step * 128 + chunk * 8;
+        if (n < N && col < K)  // K % 8 == 0: a chunk of 8 is all in or all out
+            *reinterpret_cast<U4*>(out + (long)n * K + col) = *reinterpret_cast<const U4*>(buf + row * ROW + chunk * 4);
     }
 }

@@ -141,15 +141,15 @@ def dequantize(r: mma.MmaWeights) -> torch.Tensor:
 
     from trit.kernels.cuda import nvrtc
 
-    if r.k % 2:
-        raise ValueError(f"trit_dequant writes bf16 pairs: K = {r.k} must be even")
+    if r.k % 8:
+        raise ValueError(f"trit_dequant writes 16-byte chunks: K = {r.k} must be a multiple of 8")
     out = torch.empty(r.n, r.k, dtype=torch.bfloat16, device=r.wq.device)
     kern = nvrtc.load(source(), "trit_dequant")
-    threads = r.row_tiles * r.k_steps * 32
+    warps = r.row_tiles * r.k_steps  # a warp a (tile, step), four a block
     gs = 0 if r.group_size == fmt.PER_ROW else r.group_size
     args = [ctypes.c_void_p(t.data_ptr()) for t in (r.wq, r.sc, out)]
     args += [ctypes.c_int(v) for v in (r.n, r.k, r.k_steps, r.scale_groups, gs)]
-    kern.launch((-(-threads // 256), 1, 1), 256, 0, args)
+    kern.launch((-(-warps // 4), 1, 1), 128, 0, args)
     return out
 
 
