@@ -36,9 +36,11 @@ SRC = Path(__file__).resolve().parents[1] / "src"  # the decode tables use trit'
 def kernels() -> str:
     d = json.loads((RESULTS / "kernels.json").read_text())
     ms = sorted({r["m"] for r in d["rows"]})
+    v1 = any(r.get("v1_us") for r in d["rows"])
     lines = [
         f"Device time per call, us (CUDA-graph replays; {d['device']}, torch {d['torch']}, triton {d['triton']}); "
-        "trit / bf16 cuBLAS, and the speed-up:",
+        + ("trit (the mma layout's kernel, as a loaded layer runs) / format v1's Triton kernels / bf16 cuBLAS, and "
+           "trit's speed-up:" if v1 else "trit / bf16 cuBLAS, and the speed-up:"),
         "",
         "| layer (N x K) | " + " | ".join(f"M={m}" for m in ms) + " |",
         "|---|" + "---|" * len(ms),
@@ -47,8 +49,9 @@ def kernels() -> str:
         for layer in dict.fromkeys(r["layer"] for r in d["rows"] if r["model"] == model):
             rows = {r["m"]: r for r in d["rows"] if r["model"] == model and r["layer"] == layer}
             r0 = rows[ms[0]]
-            cells = [f"{rows[m]['trit_us']:.1f} / {rows[m]['bf16_us']:.1f} (x{rows[m]['speedup_vs_bf16']:.2f})"
-                     for m in ms]
+            cells = [f"{rows[m]['trit_us']:.1f} / "
+                     + (f"{rows[m]['v1_us']:.1f} / " if rows[m].get("v1_us") else "")
+                     + f"{rows[m]['bf16_us']:.1f} (x{rows[m]['speedup_vs_bf16']:.2f})" for m in ms]
             lines.append(f"| {model} {layer} ({r0['n']}x{r0['k']}) | " + " | ".join(cells) + " |")
     lines += ["", "Summed over each model's four layers, speed-up over bf16:", ""]
     lines += [f"- {name}: x{v:.2f}" for name, v in d["summed_speedup_vs_bf16"].items()]
@@ -96,6 +99,10 @@ def speedups() -> str:
     for model in models:
         lines.append(f"| {model} | " + " | ".join(f"x{d['summed_speedup_vs_bf16'][f'{model} M={m}']:.2f}" for m in ms)
                      + " |")
+        sel = {m: [r for r in d["rows"] if r["model"] == model and r["m"] == m] for m in ms}
+        if all(r.get("v1_us") for rows in sel.values() for r in rows):
+            lines.append(f"| {model}, format v1 (`TRIT_LAYOUT=v1`) | " + " | ".join(
+                f"x{sum(r['bf16_us'] for r in sel[m]) / sum(r['v1_us'] for r in sel[m]):.2f}" for m in ms) + " |")
     lines += ["", f"bf16 cuBLAS time / trit time, {d['device']}, CUDA graphs, weights rotated past the L2 "
               "(`benchmarks/results/kernels.json`)."]
     return "\n".join(lines)

@@ -175,6 +175,7 @@ def test_tile_refusal_says_why_a_layer_stays_in_format_v1(monkeypatch) -> None:
     assert "int8" in ops.tile_refusal(cuda, torch.bfloat16, 64, 576, True)
     assert "group size 256" in ops.tile_refusal(cuda, torch.bfloat16, 256, 576, False)
     assert "multiple of 8" in ops.tile_refusal(cuda, torch.bfloat16, 64, 580, False)
+    assert "format v1's Triton kernels are as fast" in ops.tile_refusal(cuda, torch.bfloat16, 64, 4096, False, 4096)
     monkeypatch.setenv("TRIT_LAYOUT", "v1")
     assert ops.tile_refusal(cuda, torch.bfloat16, 64, 576, False) == "TRIT_LAYOUT=v1"
     monkeypatch.setenv("TRIT_LAYOUT", "mma")  # forced: any device and dtype the layout can hold

@@ -68,7 +68,8 @@ class TritLinear(nn.Module):
         if self.tiled:
             return "tiled already"
         device = getattr(self, fmt.plane_suffixes(self.planes)[0][0]).device
-        return cuda_launch.tile_refusal(device, dtype, self.group_size, self.in_features, self.act_int8)
+        return cuda_launch.tile_refusal(device, dtype, self.group_size, self.in_features, self.act_int8,
+                                        self.out_features)
 
     def tile(self) -> None:
         """Repack every plane into the mma layout, in place of the format-v1 buffers (for inference)."""

@@ -51,8 +51,12 @@ def test_the_two_layouts_go_to_their_own_kernels(monkeypatch: pytest.MonkeyPatch
     assert tiled.kernel is registry.REFERENCE
     assert ("cpu_words", "reads format v1, not the mma layout") in tiled.refused
     assert ("cuda_gemv", "runs on CUDA, not cpu") in tiled.refused
-    # on a GPU where NVRTC compiles: each size to its kernel (the refusals themselves, with no GPU needed)
+    # on a GPU where NVRTC compiles: each size to its kernel by the rule, with no tuned table (the refusals
+    # themselves, with no GPU needed)
+    from trit.kernels import tuning
+
     monkeypatch.setattr(launch, "unavailable", lambda: None)
+    monkeypatch.setattr(tuning, "_TABLES", {})
     for m, name in ((1, "cuda_gemv"), (launch.GEMV_MAX_M, "cuda_gemv"), (launch.GEMV_MAX_M + 1, "cuda_mma"),
                     (64, "cuda_mma"), (65, "cuda_dequant_cublas"), (4096, "cuda_dequant_cublas")):
         p = registry.Problem(m, 4096, 4096, 64, "cuda", torch.bfloat16, layout="mma")

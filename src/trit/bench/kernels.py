@@ -114,7 +114,7 @@ def bench_problem(n: int, k: int, m: int, l2: int, tune: bool) -> dict:
     layers = [ternary_layer(n, k) for _ in range(copies)]
     key = tuning.key(m, n, k, GROUP, torch.bfloat16)
     tuned = {}
-    tiled = cuda_launch.tile_refusal(x.device, x.dtype, GROUP, k, False) is None
+    tiled = cuda_launch.tile_refusal(x.device, x.dtype, GROUP, k, False, n) is None
     if tune and not tiled:  # format v1's kernels, when they are the ones a loaded layer runs
         for name, run, cands in (
             ("gemv", gemv.gemv, gemv.CONFIGS if m <= gemv.MAX_M else ()),

@@ -198,7 +198,7 @@ class TritLinearMethod(LinearMethodBase):
                 scale.abs_().clamp_(min=1e-6)
             fmt.check_layer(self.prefix, packed, scale, group, check_values=True, suffixes=(packed_name, scale_name))
             why = trit.ops.tile_refusal(packed.device, layer.trit_dtype, group, layer.trit_in_features,
-                                        layer.trit_act_int8)
+                                        layer.trit_act_int8, layer.trit_out_features)
             if why is None:  # the repacked layer replaces the loaded one: one copy of the weights
                 r = trit.ops.repack(packed, scale, group, layer.trit_in_features)
                 delattr(layer, packed_name)

@@ -30,6 +30,10 @@ GEMV_MAX_M = 4
 # "mma": the mma layout wherever it can hold the layer, on any device (elsewhere than the CUDA kernels run, the
 # plain-PyTorch reference computes it: slow, for tests of the layout's path)
 LAYOUT_ENV = "TRIT_LAYOUT"
+# under "auto", layers smaller than this stay in format v1: on the H200 the Triton kernels matched or beat the
+# mma layout's on every layer of Qwen2-1.5B (at most 28M weights) and on Llama-3-8B's qkv and o (25M, 17M) at
+# M = 1, 16 and 64, while the mma layout won on Llama's gate_up and down (117M, 59M) at M = 1 to 64
+TILE_MIN_WEIGHTS = 40 * 2**20
 
 
 @functools.cache
@@ -48,8 +52,10 @@ def unavailable() -> str | None:
 
 
 def tile_refusal(device: torch.device, dtype: torch.dtype, group_size: int, in_features: int,
-                 act_int8: bool) -> str | None:
-    """Why a layer on ``device`` running in ``dtype`` stays in format v1 (``None``: repack it to the mma layout)."""
+                 act_int8: bool, out_features: int | None = None) -> str | None:
+    """Why a layer on ``device`` running in ``dtype`` stays in format v1 (``None``: repack it to the mma layout).
+
+    ``out_features`` given: a layer of fewer than :data:`TILE_MIN_WEIGHTS` weights stays too (``auto`` only)."""
     wanted = os.environ.get(LAYOUT_ENV, "auto") or "auto"
     if wanted not in ("auto", "mma", "v1"):
         raise ValueError(f"{LAYOUT_ENV}={wanted!r}: expected 'auto', 'mma' or 'v1'")
@@ -67,6 +73,9 @@ def tile_refusal(device: torch.device, dtype: torch.dtype, group_size: int, in_f
         return f"the mma layout's kernels run on CUDA, not {device.type}"
     if dtype != torch.bfloat16:
         return f"the mma layout's kernels take bf16 activations, not {str(dtype).removeprefix('torch.')}"
+    if out_features is not None and out_features * in_features < TILE_MIN_WEIGHTS:
+        return (f"{out_features} x {in_features} weights: below {TILE_MIN_WEIGHTS // 2**20}Mi, format v1's Triton "
+                "kernels are as fast or faster (benchmarks/results/kernels.json)")
     why = unavailable()
     if why is not None:
         _log_once(why)
