@@ -10,21 +10,14 @@ from __future__ import annotations
 
 import pytest
 import torch
+from cuda_helpers import have_nvrtc, random_layer  # noqa: I001
 
 from trit import format as fmt
 from trit.kernels.cuda import gemv, mma, nvrtc
 from trit.kernels.reference import linear as ref_linear
-from trit.synthetic import random_packed
 
 SHAPES = [(34, 128, 64), (64, 576, 64), (33, 192, fmt.PER_ROW), (130, 256, 32), (50, 640, 128), (17, 1000, -1),
           (200, 2048, 64)]
-
-
-def _layer(n: int, k: int, g: int, device: str = "cpu") -> tuple[torch.Tensor, torch.Tensor]:
-    kp = fmt.padded_k(k, g)
-    packed = random_packed((n, kp // 4), device)
-    scale = (torch.rand(n, fmt.num_groups(g, kp), device=device) * 0.02 + 0.005).half()
-    return packed, scale
 
 
 def _activations(m: int, k: int, device: str = "cpu") -> torch.Tensor:
@@ -57,7 +50,7 @@ def test_activations_round_to_15_bits_a_step_with_the_largest_exact() -> None:
 @pytest.mark.parametrize(("n", "k", "g"), SHAPES)
 @pytest.mark.parametrize("m", [1, 3])
 def test_the_arithmetic_matches_the_reference(m: int, n: int, k: int, g: int) -> None:
-    packed, scale = _layer(n, k, g)
+    packed, scale = random_layer(n, k, g)
     r = mma.repack(packed, scale, g, k)
     x = _activations(m, k)
     want = ref_linear(x.float(), packed, scale.to(torch.bfloat16).float(), g)
@@ -80,15 +73,7 @@ def test_configs() -> None:
     assert cfg.rt == 2 and blocks * cfg.splits >= 4 * 132 // 2 and cfg.splits <= 16
 
 
-def _have_nvrtc() -> bool:
-    try:
-        nvrtc.nvrtc()
-    except nvrtc.CudaUnavailable:
-        return False
-    return True
-
-
-@pytest.mark.skipif(not _have_nvrtc(), reason="NVRTC is not installed here (CUDA builds of torch bring it)")
+@pytest.mark.skipif(not have_nvrtc(), reason="NVRTC is not installed here (CUDA builds of torch bring it)")
 @pytest.mark.parametrize("arch", ["sm_80", "sm_90"])
 def test_every_variant_compiles(arch: str) -> None:
     for mg in (1, 2, 4):
@@ -103,7 +88,7 @@ def test_every_variant_compiles(arch: str) -> None:
 @pytest.mark.parametrize("m", [1, 2, 3, 4])
 @pytest.mark.parametrize(("n", "k", "g"), SHAPES)
 def test_the_kernel_matches_its_emulation_and_the_reference(m: int, n: int, k: int, g: int) -> None:
-    packed, scale = _layer(n, k, g, "cuda")
+    packed, scale = random_layer(n, k, g, "cuda")
     r = mma.repack(packed, scale, g, k)
     x = _activations(m, k, "cuda")
     want = ref_linear(x, packed, scale, g).float()
@@ -120,6 +105,6 @@ def test_the_kernel_matches_its_emulation_and_the_reference(m: int, n: int, k: i
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a GPU")
 @pytest.mark.parametrize(("n", "k", "g"), SHAPES)
 def test_the_dequantizer_writes_the_layouts_weight(n: int, k: int, g: int) -> None:
-    packed, scale = _layer(n, k, g, "cuda")
+    packed, scale = random_layer(n, k, g, "cuda")
     r = mma.repack(packed, scale, g, k)
     assert torch.equal(gemv.dequantize(r).float(), mma.unpack_layout(r))

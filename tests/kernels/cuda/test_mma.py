@@ -11,25 +11,18 @@ from __future__ import annotations
 
 import pytest
 import torch
+from cuda_helpers import have_nvrtc, random_layer  # noqa: I001
 
 from trit import format as fmt
 from trit.kernels.cuda import mma, nvrtc
 from trit.kernels.reference import linear as ref_linear
-from trit.synthetic import random_packed
 
 SHAPES = [(34, 128, 64), (64, 576, 64), (33, 192, fmt.PER_ROW), (130, 256, 32), (50, 640, 128), (17, 1000, -1)]
 
 
-def _layer(n: int, k: int, g: int, device: str = "cpu") -> tuple[torch.Tensor, torch.Tensor]:
-    kp = fmt.padded_k(k, g)
-    packed = random_packed((n, kp // 4), device)
-    scale = (torch.rand(n, fmt.num_groups(g, kp), device=device) * 0.02 + 0.005).half()
-    return packed, scale
-
-
 @pytest.mark.parametrize(("n", "k", "g"), SHAPES)
 def test_the_layout_holds_the_weight_exactly(n: int, k: int, g: int) -> None:
-    packed, scale = _layer(n, k, g)
+    packed, scale = random_layer(n, k, g)
     r = mma.repack(packed, scale, g, k)
     assert r.wq.dtype == torch.int32 and r.wq.shape == (-(-n // 16), -(-fmt.padded_k(k, g) // 128), 32, 4)
     want = fmt.dequantize(packed, scale.to(torch.bfloat16).float(), k)
@@ -38,7 +31,7 @@ def test_the_layout_holds_the_weight_exactly(n: int, k: int, g: int) -> None:
 
 def test_the_bits_sit_where_the_docstring_says() -> None:
     n, k, g = 40, 384, 64
-    packed, scale = _layer(n, k, g)
+    packed, scale = random_layer(n, k, g)
     codes = fmt.unpack_codes(packed).long()
     r = mma.repack(packed, scale, g, k)
     words = r.wq.long() & 0xFFFFFFFF
@@ -85,18 +78,10 @@ def test_configs_and_shared_memory() -> None:
     assert mma.smem_bytes(2, cfg, 64) == 3 * (16 * 264 * 2 + 8192 + 1024)
     assert mma.kernel_name(2, cfg, fmt.PER_ROW) == "trit_mma<2, 2, 2, 0, 3, true, 4>"
     with pytest.raises(ValueError, match="groups"):
-        mma.repack(*_layer(16, 96, 48), 48)
+        mma.repack(*random_layer(16, 96, 48), 48)
 
 
-def _have_nvrtc() -> bool:
-    try:
-        nvrtc.nvrtc()
-    except nvrtc.CudaUnavailable:
-        return False
-    return True
-
-
-@pytest.mark.skipif(not _have_nvrtc(), reason="NVRTC is not installed here (CUDA builds of torch bring it)")
+@pytest.mark.skipif(not have_nvrtc(), reason="NVRTC is not installed here (CUDA builds of torch bring it)")
 @pytest.mark.parametrize("arch", ["sm_80", "sm_90"])
 def test_every_variant_compiles(arch: str) -> None:
     for mt in (1, 2, 4, 8):
@@ -110,7 +95,7 @@ def test_every_variant_compiles(arch: str) -> None:
 @pytest.mark.parametrize("m", [1, 3, 17, 64])
 @pytest.mark.parametrize(("n", "k", "g"), SHAPES)
 def test_the_kernel_matches_the_reference(m: int, n: int, k: int, g: int) -> None:
-    packed, scale = _layer(n, k, g, "cuda")
+    packed, scale = random_layer(n, k, g, "cuda")
     r = mma.repack(packed, scale, g, k)
     x = torch.randn(m, k, dtype=torch.bfloat16, device="cuda")
     want = ref_linear(x, packed, scale, g).float()

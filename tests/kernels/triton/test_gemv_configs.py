@@ -51,12 +51,16 @@ def test_shipped_table_names_candidates_and_valid_configs() -> None:
     import json
 
     from trit.kernels import registry, tuning
+    from trit.kernels.cuda import gemv as cuda_gemv
+    from trit.kernels.cuda import mma
     from trit.kernels.triton import gemm, skinny
 
     data = json.loads((tuning.SHIPPED / "h200.json").read_text())
     names = {k.name for k in registry.candidates()}
     assert data["choice"] and all(f"triton_{c}" in names for c in data["choice"].values())
-    types = {"gemv": gemv.GemvConfig, "gemm": gemm.GemmConfig, "skinny": skinny.SkinnyConfig}
+    assert data["choice_mma"] and all(c in names for c in data["choice_mma"].values())  # the mma layout's
+    types = {"gemv": gemv.GemvConfig, "gemm": gemm.GemmConfig, "skinny": skinny.SkinnyConfig,
+             "cuda_gemv": cuda_gemv.GemvConfig, "cuda_mma": mma.MmaConfig}
     assert set(data["configs"]) == set(types)
     for kernel, entries in data["configs"].items():
         for cfg in entries.values():
