@@ -16,14 +16,7 @@
 //
 // Codes and scales are read straight from global memory into registers, PF steps ahead. Split-K adds
 // into an fp32 workspace with red.add, and the last block of a row block writes the output and zeroes its
-// workspace and counter (as trit_mma does; they share the workspace). No headers: compiled by NVRTC.
-
-typedef unsigned int u32;
-typedef unsigned short u16;
-
-struct __align__(16) U4 {
-    u32 x, y, z, w;
-};
+// workspace and counter (as trit_mma does; they share the workspace). No headers: compiled by NVRTC after common.cuh.
 
 __device__ __forceinline__ U4 ldg128(const U4* p) {
     U4 v;
@@ -34,12 +27,6 @@ __device__ __forceinline__ U4 ldg128(const U4* p) {
 __device__ __forceinline__ u32 ldg32(const u32* p) {
     u32 v;
     asm volatile("ld.global.nc.u32 %0, [%1];" : "=r"(v) : "l"(p));
-    return v;
-}
-
-__device__ __forceinline__ U4 lds128(u32 addr) {
-    U4 v;
-    asm volatile("ld.shared.v4.u32 {%0, %1, %2, %3}, [%4];" : "=r"(v.x), "=r"(v.y), "=r"(v.z), "=r"(v.w) : "r"(addr));
     return v;
 }
 
@@ -61,17 +48,7 @@ __device__ __forceinline__ int dp2a_hi(u32 a, u32 b, int c) {
     return d;
 }
 
-__device__ __forceinline__ u16 f32_to_bf16(float v) {
-    u16 r;
-    asm("cvt.rn.bf16.f32 %0, %1;" : "=h"(r) : "f"(v));
-    return r;
-}
-
 __device__ __forceinline__ float bf16_to_f32(u16 v) { return __uint_as_float((u32)v << 16); }
-
-__device__ __forceinline__ void red_add(float* p, float v) {
-    asm volatile("red.global.add.f32 [%0], %1;" ::"l"(p), "f"(v) : "memory");
-}
 
 // MG: tokens (M <= MG); RT: 16-row tiles a warp; GS: inputs a scale (32, 64, 128; 0 = one scale a row);
 // NW: warps a block (they share the quantized activations); PF: steps of codes loaded ahead.
@@ -258,41 +235,13 @@ __global__ void __launch_bounds__(NW * 32) trit_gemv(const U4* __restrict__ wq, 
                 else red_add(ws + (long)m * N + n, v);
             }
         }
-    if (splits == 1) return;
-    __threadfence();
-    __syncthreads();
-    __shared__ int last;
-    if (threadIdx.x == 0) last = atomicAdd(locks + blockIdx.x, 1) == splits - 1;
-    __syncthreads();
-    if (!last) return;
-    __threadfence();
-    const int n0 = blockIdx.x * NW * RT * 16;
-    const int rows = min(NW * RT * 16, N - n0);
-    for (int idx = threadIdx.x; idx < rows * M; idx += NW * 32) {
-        const int m = idx / rows, n = n0 + idx % rows;
-        float* p = ws + (long)m * N + n;
-        const float v = __ldcg(p);
-        __stcg(p, 0.f);
-        y[(long)m * N + n] = f32_to_bf16(v);
-    }
-    if (threadIdx.x == 0) locks[blockIdx.x] = 0;
+    if (splits > 1) splitk_finish(y, ws, locks, M, N, NW * RT * 16, splits);
 }
 
 // The dense bf16 weight (N, K) from the layout, for prefill (then cuBLAS): a warp a 16-row tile and 128-input
 // step. Each lane decodes its four words into bf16 pairs ((c - 1) s, exact: a shift, a lop3 that makes the
 // bf16 128 + c, an FMA to c - 1 and a multiply by the scale) in a shared-memory tile (rows padded to 68 words:
 // no bank conflicts), then the warp writes the tile's 16 rows with 16-byte stores, 256 contiguous bytes a row.
-#define ONE 0x3F803F80u
-#define M129 0xC301C301u
-#define BASE 0x43004300u
-#define NEG_ZERO 0x80008000u
-
-__device__ __forceinline__ u32 fma_bf16x2(u32 a, u32 b, u32 c) {
-    u32 d;
-    asm("fma.rn.bf16x2 %0, %1, %2, %3;" : "=r"(d) : "r"(a), "r"(b), "r"(c));
-    return d;
-}
-
 __global__ void __launch_bounds__(128) trit_dequant(const U4* __restrict__ wq, const u32* __restrict__ sc,
                                                     u16* __restrict__ out, int N, int K, int KS, int GP, int GS) {
     constexpr int ROW = 68;  // words a tile row in shared memory: 64 pairs + 4 of padding

@@ -33,7 +33,7 @@ X_BITS = 15  # activations become integers below 2**15 in magnitude, per 128-inp
 
 @lru_cache(maxsize=1)
 def source() -> str:
-    return SOURCE_FILE.read_text()
+    return SOURCE_FILE.with_name("common.cuh").read_text() + "\n" + SOURCE_FILE.read_text()
 
 
 @dataclass(frozen=True)

@@ -13,20 +13,7 @@
 // Split-K adds partial sums into an fp32 workspace with red.add; the last block
 // of a row block (a counter per row block) writes the bf16 output and zeroes its
 // workspace rows and counter, so the workspace is zero again for the next call.
-// No headers: compiled by NVRTC with nothing but this file.
-
-typedef unsigned int u32;
-typedef unsigned short u16;
-
-struct __align__(16) U4 {
-    u32 x, y, z, w;
-};
-
-__device__ __forceinline__ u32 fma_bf16x2(u32 a, u32 b, u32 c) {
-    u32 d;
-    asm("fma.rn.bf16x2 %0, %1, %2, %3;" : "=r"(d) : "r"(a), "r"(b), "r"(c));
-    return d;
-}
+// No headers: compiled by NVRTC after common.cuh.
 
 __device__ __forceinline__ u32 ldg_u32(const u32* p) {
     u32 v;
@@ -76,23 +63,6 @@ __device__ __forceinline__ void mma_bf16_first(float (&c)[4], const u32* a, u32 
         : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1), "f"(0.f));
 }
 
-__device__ __forceinline__ u16 f32_to_bf16(float v) {
-    u16 r;
-    asm("cvt.rn.bf16.f32 %0, %1;" : "=h"(r) : "f"(v));
-    return r;
-}
-
-__device__ __forceinline__ void red_add(float* p, float v) {
-    asm volatile("red.global.add.f32 [%0], %1;" ::"l"(p), "f"(v) : "memory");
-}
-
-// A code c in bits 0-1 of each half, OR-ed into 128.0 (0x4300), is the bf16 128 + c;
-// minus 129 it is c - 1 exactly.
-#define ONE 0x3F803F80u
-#define M129 0xC301C301u
-#define BASE 0x43004300u
-#define NEG_ZERO 0x80008000u
-
 __device__ __forceinline__ u32 ternary(u32 w, int q, u32 s, u32 mask) {
     return fma_bf16x2(fma_bf16x2(((w >> (2 * q)) & mask) | BASE, ONE, M129), s, NEG_ZERO);
 }
@@ -115,12 +85,6 @@ __device__ __forceinline__ void decode_raw(u32 w, u32 mask, u32 (&a)[8]) {
 
 __device__ __forceinline__ u32 splat_lo(u32 v) { return __byte_perm(v, 0, 0x1010); }
 __device__ __forceinline__ u32 splat_hi(u32 v) { return __byte_perm(v, 0, 0x3232); }
-
-__device__ __forceinline__ U4 lds128(u32 addr) {
-    U4 v;
-    asm volatile("ld.shared.v4.u32 {%0, %1, %2, %3}, [%4];" : "=r"(v.x), "=r"(v.y), "=r"(v.z), "=r"(v.w) : "r"(addr));
-    return v;
-}
 
 __device__ __forceinline__ u32 lds32(u32 addr) {
     u32 v;
@@ -355,22 +319,5 @@ __global__ void __launch_bounds__(NW * 32) trit_mma(const U4* __restrict__ wq, c
                 if (splits == 1) y[(long)m * N + n] = f32_to_bf16(acc[r][tt][e]);
                 else red_add(ws + (long)m * N + n, acc[r][tt][e]);
             }
-    if (splits == 1) return;
-    __threadfence();
-    __syncthreads();
-    __shared__ int last;
-    if (threadIdx.x == 0) last = atomicAdd(locks + blockIdx.x, 1) == splits - 1;
-    __syncthreads();
-    if (!last) return;
-    __threadfence();
-    const int n0 = blockIdx.x * NW * RT * 16;
-    const int rows = min(NW * RT * 16, N - n0);
-    for (int i = threadIdx.x; i < rows * M; i += NW * 32) {
-        const int m = i / rows, n = n0 + i % rows;
-        float* p = ws + (long)m * N + n;
-        const float v = __ldcg(p);
-        __stcg(p, 0.f);
-        y[(long)m * N + n] = f32_to_bf16(v);
-    }
-    if (threadIdx.x == 0) locks[blockIdx.x] = 0;
+    if (splits > 1) splitk_finish(y, ws, locks, M, N, NW * RT * 16, splits);
 }

@@ -44,7 +44,7 @@ GROUPS = (32, 64, 128, fmt.PER_ROW)
 
 @lru_cache(maxsize=1)
 def source() -> str:
-    return SOURCE_FILE.read_text()
+    return SOURCE_FILE.with_name("common.cuh").read_text() + "\n" + SOURCE_FILE.read_text()
 
 
 @dataclass(frozen=True)

@@ -1,0 +1,61 @@
+// Shared by the CUDA kernels of the mma layout (mma.cu, gemv.cu): each is compiled as this prelude followed by
+// its own file (trit/kernels/cuda/mma.py and gemv.py join them), by NVRTC, with no headers.
+
+typedef unsigned int u32;
+typedef unsigned short u16;
+
+struct __align__(16) U4 {
+    u32 x, y, z, w;
+};
+
+// A code c in bits 0-1 of each half, OR-ed into 128.0 (0x4300), is the bf16 128 + c; minus 129 it is c - 1.
+#define ONE 0x3F803F80u
+#define M129 0xC301C301u
+#define BASE 0x43004300u
+#define NEG_ZERO 0x80008000u
+
+__device__ __forceinline__ u32 fma_bf16x2(u32 a, u32 b, u32 c) {
+    u32 d;
+    asm("fma.rn.bf16x2 %0, %1, %2, %3;" : "=r"(d) : "r"(a), "r"(b), "r"(c));
+    return d;
+}
+
+__device__ __forceinline__ U4 lds128(u32 addr) {
+    U4 v;
+    asm volatile("ld.shared.v4.u32 {%0, %1, %2, %3}, [%4];" : "=r"(v.x), "=r"(v.y), "=r"(v.z), "=r"(v.w) : "r"(addr));
+    return v;
+}
+
+__device__ __forceinline__ u16 f32_to_bf16(float v) {
+    u16 r;
+    asm("cvt.rn.bf16.f32 %0, %1;" : "=h"(r) : "f"(v));
+    return r;
+}
+
+__device__ __forceinline__ void red_add(float* p, float v) {
+    asm volatile("red.global.add.f32 [%0], %1;" ::"l"(p), "f"(v) : "memory");
+}
+
+// Split-K, after a block has added its partial sums into the fp32 workspace ``ws`` (red.add): the last of the
+// ``splits`` blocks of row block blockIdx.x (a counter a row block in ``locks``) writes the bf16 output of its
+// ``block_rows`` rows and zeroes their workspace and its counter, so both are zero again for the next call.
+__device__ __forceinline__ void splitk_finish(u16* __restrict__ y, float* __restrict__ ws, int* __restrict__ locks,
+                                              int M, int N, int block_rows, int splits) {
+    __threadfence();
+    __syncthreads();
+    __shared__ int last;
+    if (threadIdx.x == 0) last = atomicAdd(locks + blockIdx.x, 1) == splits - 1;
+    __syncthreads();
+    if (!last) return;
+    __threadfence();
+    const int n0 = blockIdx.x * block_rows;
+    const int rows = min(block_rows, N - n0);
+    for (int i = threadIdx.x; i < rows * M; i += blockDim.x) {
+        const int m = i / rows, n = n0 + i % rows;
+        float* p = ws + (long)m * N + n;
+        const float v = __ldcg(p);
+        __stcg(p, 0.f);
+        y[(long)m * N + n] = f32_to_bf16(v);
+    }
+    if (threadIdx.x == 0) locks[blockIdx.x] = 0;
+}
