@@ -216,13 +216,11 @@ class TritLinearMethod(LinearMethodBase):
 
     def apply(self, layer: torch.nn.Module, x: torch.Tensor, bias: torch.Tensor | None = None) -> torch.Tensor:
         if layer.trit_tiled:
-            y = None
-            for i in range(len(layer.trit_planes)):
-                yi = trit.ops.linear_tiled(x, getattr(layer, f"tiles_{i}_codes"), getattr(layer, f"tiles_{i}_scales"),
-                                           layer.trit_out_features, layer.trit_group_size, bias if i == 0 else None)
-                y = yi if y is None else y + yi
-            return y
-        planes = [(getattr(layer, p), getattr(layer, s)) for p, s in layer.trit_planes]
+            planes = [trit.ops.MmaWeights(getattr(layer, f"tiles_{i}_codes"), getattr(layer, f"tiles_{i}_scales"),
+                                          layer.trit_out_features, layer.trit_in_features, layer.trit_group_size)
+                      for i in range(len(layer.trit_planes))]
+        else:
+            planes = [(getattr(layer, p), getattr(layer, s)) for p, s in layer.trit_planes]
         return trit.ops.linear_planes(x, planes, layer.trit_group_size, bias, layer.trit_act_int8)
 
 

@@ -101,23 +101,27 @@ def _refusal(p, max_m: int, what: str) -> str | None:
     return unavailable()
 
 
-def _prefers_other(p, name: str) -> str | None:
-    choice = tuning.preferred(tuning.key(p.m, p.n, p.k, p.group_size, p.dtype), "choice_mma")
-    if choice is not None and choice != name:
-        return f"the tuned table measured {choice} faster for this problem"
-    return None
+def _choice(p) -> str | None:
+    """The mma-layout kernel the tuned table measured fastest for this problem, if it holds one."""
+    return tuning.preferred(tuning.key(p.m, p.n, p.k, p.group_size, p.dtype), "choice_mma")
+
+
+def _prefers_other(choice: str | None, name: str) -> str | None:
+    return None if choice is None or choice == name else f"the tuned table measured {choice} faster for this problem"
 
 
 def refuse_gemv(p) -> str | None:
     if p.m > gemv.MAX_M:
         return f"M = {p.m} > {gemv.MAX_M}: the GEMV holds at most {gemv.MAX_M} rows"
-    return _refusal(p, GEMV_MAX_M if tuning.preferred(tuning.key(p.m, p.n, p.k, p.group_size, p.dtype), "choice_mma")
-                    is None else gemv.MAX_M, "no tuned choice, and the mma kernel is faster there as a rule") \
-        or _prefers_other(p, "cuda_gemv")
+    choice = _choice(p)
+    limit = GEMV_MAX_M if choice is None else gemv.MAX_M
+    return _refusal(p, limit, "no tuned choice, and the mma kernel is faster there as a rule") \
+        or _prefers_other(choice, "cuda_gemv")
 
 
 def refuse_mma(p) -> str | None:
-    return _refusal(p, mma.MAX_M, f"the mma kernel takes at most {mma.MAX_M} rows") or _prefers_other(p, "cuda_mma")
+    return _refusal(p, mma.MAX_M, f"the mma kernel takes at most {mma.MAX_M} rows") \
+        or _prefers_other(_choice(p), "cuda_mma")
 
 
 def refuse_dequant(p) -> str | None:
