@@ -14,6 +14,7 @@
     python benchmarks/tables.py domains   # from benchmarks/results/quality_domains_*.json (quality_domains.py)
     python benchmarks/tables.py decode    # from benchmarks/results/decode/*.json
     python benchmarks/tables.py decode-plots  # the PNGs beside them (needs matplotlib)
+    python benchmarks/tables.py serve-budget  # from benchmarks/results/serve-budget/*.json (a small card's budget)
     python benchmarks/tables.py serve-plot  # benchmarks/results/serve/serve.png from every serve run
     python benchmarks/tables.py --write   # every marked block of README.md and docs/*.md, in place
 
@@ -148,6 +149,13 @@ def vllm() -> str:
         r = d[name]
         lines.append(f"| {name} ({', '.join(f'{k}={v}' for k, v in r['kwargs'].items())}) | "
                      f"{r['load_seconds']:.0f} | {r['tokens_equal_before_first_difference']} |")
+    layout = RESULTS / "vllm_graphs_layout.json"
+    if layout.is_file():  # the same check under each TRIT_LAYOUT, in one session
+        d = json.loads(layout.read_text())
+        for name in ("v1", "mma"):
+            r = d[name]["graphs"]
+            lines.append(f"| graphs, TRIT_LAYOUT={name} (a later session) | {r['load_seconds']:.0f} | "
+                         f"{r['tokens_equal_before_first_difference']} |")
     return "\n".join(lines)
 
 
@@ -318,6 +326,38 @@ def serve() -> str:
               f"dummy weights), driven by vLLM's serving benchmark client: random prompts of {any_run['input_len']} "
               f"tokens, {any_run['output_len']} output tokens each (`--ignore-eos`), {any_run['device']}; "
               "`benchmarks/results/serve/*.json` hold the commands. `-`: not measured."]
+    return "\n".join(lines)
+
+
+def _last_flag(args: list[str], flag: str, default: str = "-") -> str:
+    """The value a command line gives ``flag`` (``--flag V`` or ``--flag=V``): its last, as argparse takes it."""
+    at = [i for i, a in enumerate(args) if a == flag or a.startswith(flag + "=")]
+    if not at:
+        return default
+    a = args[at[-1]]
+    return a.split("=", 1)[1] if "=" in a else args[at[-1] + 1]
+
+
+def serve_budget() -> str:
+    """``trit bench serve`` runs at a small card's memory budget: long context, fp8 KV cache, the peak measured."""
+    lines = ["| model | weights | budget (GPU share) | max context | KV cache | KV-cache tokens | peak GPU MiB | "
+             "concurrency | prompt + output tokens | output tok/s | TTFT p50 ms | TPOT p50 ms | failed |",
+             "|---|---|---|---|---|---|---|---|---|---|---|---|---|"]
+    for f in sorted((RESULTS / "serve-budget").glob("*.json")):
+        run = json.loads(f.read_text())
+        for sv in run["servers"]:
+            args = sv["args"]
+
+            for lv in sv["levels"]:
+                lines.append(
+                    f"| {sv['model']} | {sv['weights']} | {run['gpu_memory_utilization']} | "
+                    f"{_last_flag(args, '--max-model-len')} | {_last_flag(args, '--kv-cache-dtype', 'auto')} | {sv['kv_cache_tokens']} | "
+                    f"{sv['gpu_peak_mib']:.0f} | {lv['concurrency']} | {run['input_len']} + {run['output_len']} | "
+                    f"{lv['output_tokens_per_s']:.0f} | {lv['ttft_ms']['median']:.0f} | "
+                    f"{lv['tpot_ms']['median']:.2f} | {lv['failed']} |")
+    lines += ["", "vLLM's OpenAI server as in the table above, with `--gpu-memory-utilization` set to the share of the "
+              "card that a 24 GiB card would give; peak: `nvidia-smi` sampled every half second; "
+              "`benchmarks/results/serve-budget/*.json` hold the commands."]
     return "\n".join(lines)
 
 
@@ -546,7 +586,7 @@ def decode_plots() -> str:
     return "wrote " + ", ".join(str(p) for p in sorted(DECODE.glob("decode_*.png")))
 
 
-TABLES = {"kernels": kernels, "mma": mma, "speedups": speedups, "serving": serving, "serve": serve, "cpu": cpu, "cpu-models": cpu_models, "domains": domains, "domains-headline": domains_headline,
+TABLES = {"kernels": kernels, "mma": mma, "speedups": speedups, "serving": serving, "serve": serve, "serve-budget": serve_budget, "cpu": cpu, "cpu-models": cpu_models, "domains": domains, "domains-headline": domains_headline,
           "vllm": vllm, "a8": a8, "ptq": ptq, "quality": quality, "decode": decode, "decode-plots": decode_plots,
           "serve-plot": serve_plot}
 _BLOCK = re.compile(r"(<!-- table:([\w-]+) -->\n)(.*?)(<!-- /table:\2 -->)", re.S)

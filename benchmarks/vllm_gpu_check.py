@@ -48,6 +48,7 @@ def main() -> int:
 
     from trit import runtime
     from trit.convert import ConvertOptions, convert
+    from trit.quant import Method
     from trit.synthetic import make_bitnet_checkpoint, make_checkpoint
     from trit.vllm import register
 
@@ -65,7 +66,7 @@ def main() -> int:
         what = "random BitNet b1.58 (bitlinear, offline), hidden 1024, 4 layers, imported: int8 activations"
         prompts_text = (*PROMPTS, LONG_PROMPT)
     else:
-        convert(make_checkpoint(work / "float", **shape), ckpt, ConvertOptions(group_size=64), progress=False)
+        convert(make_checkpoint(work / "float", **shape), ckpt, ConvertOptions(method=Method.ABSMEAN, group_size=64), progress=False)
         what = "random Llama, hidden 1024, 4 layers, absmean group 64"
     result: dict = {"checkpoint": what, "torch": torch.__version__}
 

@@ -1,0 +1,35 @@
+"""trit.synthetic: random whole models for benchmarks, repacked as the loader repacks them."""
+
+import pytest
+import torch
+from transformers import AutoConfig
+
+from trit import format as fmt
+from trit.nn import TritLinear
+from trit.synthetic import random_model
+
+CFG = dict(hidden_size=64, intermediate_size=96, num_hidden_layers=2, num_attention_heads=4, num_key_value_heads=2,
+           vocab_size=50)
+
+
+def _model(tile: bool):
+    return random_model(AutoConfig.for_model("llama", **CFG), fmt.TritConfig(group_size=32), "cpu", torch.float32,
+                        seed=5, tile=tile)
+
+
+def _tiled(model) -> list[bool]:
+    return [m.tiled for m in model.modules() if isinstance(m, TritLinear)]
+
+
+def test_random_model_is_repacked_where_the_layout_rule_admits_it(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("TRIT_LAYOUT", "auto")  # the default: the CPU keeps format v1
+    assert not any(_tiled(_model(tile=True)))
+    monkeypatch.setenv("TRIT_LAYOUT", "mma")  # forced: every layer, the reference computes them on the CPU
+    tiled, flat = _model(tile=True), _model(tile=False)
+    assert all(_tiled(tiled)) and len(_tiled(tiled)) == 14 and not any(_tiled(flat))
+    for m in flat.modules():  # the layout holds the scales in bf16: the one rounding it adds
+        if isinstance(m, TritLinear):
+            m.weight_scale.copy_(m.weight_scale.to(torch.bfloat16).to(m.weight_scale.dtype))
+    ids = torch.tensor([[1, 7, 3, 9, 4]])
+    with torch.inference_mode():
+        torch.testing.assert_close(tiled(ids).logits, flat(ids).logits, rtol=1e-4, atol=1e-4)
