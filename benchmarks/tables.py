@@ -7,6 +7,7 @@
     python benchmarks/tables.py quality   # the headline rows of those files
     python benchmarks/tables.py speedups  # kernels.json summed per model and M
     python benchmarks/tables.py mma       # from benchmarks/results/mma_h200.json (benchmarks/exp_mma.py)
+    python benchmarks/tables.py repack    # from benchmarks/results/repack_h200.json (benchmarks/repack_time.py)
     python benchmarks/tables.py serving   # the headline rows of benchmarks/results/decode/vllm*.json
     python benchmarks/tables.py serve     # from benchmarks/results/serve/*.json (trit bench serve)
     python benchmarks/tables.py cpu       # from benchmarks/results/cpu.json (trit bench cpu)
@@ -338,6 +339,20 @@ def _last_flag(args: list[str], flag: str, default: str = "-") -> str:
     return a.split("=", 1)[1] if "=" in a else args[at[-1] + 1]
 
 
+def repack() -> str:
+    """Seconds to repack whole models to the mma layout at load (``benchmarks/repack_time.py``)."""
+    d = json.loads((RESULTS / "repack_h200.json").read_text())
+    lines = ["| model | layers repacked | weights repacked | first call, s | second call, s | "
+             "allocated GiB | peak GiB during |", "|---|---|---|---|---|---|---|"]
+    for model, (a, b) in d["runs"].items():
+        lines.append(f"| {model} | {a['layers_repacked']} of {a['layers']} | {a['weights_repacked'] / 1e9:.2f} of "
+                     f"{a['weights_ternary'] / 1e9:.2f} G | {a['seconds']:.2f} | {b['seconds']:.2f} | "
+                     f"{a['allocated_gib_before']:.2f} -> {a['allocated_gib_after']:.2f} | {a['peak_gib_during']:.2f} |")
+    lines += ["", f"{d['device']}, torch {d['torch']}, `TRIT_LAYOUT={d['layout_rule']}`; each call on a fresh "
+              "random model; `benchmarks/results/repack_h200.json` holds the command."]
+    return "\n".join(lines)
+
+
 def serve_budget() -> str:
     """``trit bench serve`` runs at a small card's memory budget: long context, fp8 KV cache, the peak measured."""
     lines = ["| model | weights | budget (GPU share) | max context | KV cache | KV-cache tokens | peak GPU MiB | "
@@ -586,7 +601,7 @@ def decode_plots() -> str:
     return "wrote " + ", ".join(str(p) for p in sorted(DECODE.glob("decode_*.png")))
 
 
-TABLES = {"kernels": kernels, "mma": mma, "speedups": speedups, "serving": serving, "serve": serve, "serve-budget": serve_budget, "cpu": cpu, "cpu-models": cpu_models, "domains": domains, "domains-headline": domains_headline,
+TABLES = {"kernels": kernels, "mma": mma, "speedups": speedups, "serving": serving, "serve": serve, "repack": repack, "serve-budget": serve_budget, "cpu": cpu, "cpu-models": cpu_models, "domains": domains, "domains-headline": domains_headline,
           "vllm": vllm, "a8": a8, "ptq": ptq, "quality": quality, "decode": decode, "decode-plots": decode_plots,
           "serve-plot": serve_plot}
 _BLOCK = re.compile(r"(<!-- table:([\w-]+) -->\n)(.*?)(<!-- /table:\2 -->)", re.S)
