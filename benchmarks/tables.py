@@ -16,6 +16,7 @@
     python benchmarks/tables.py decode    # from benchmarks/results/decode/*.json
     python benchmarks/tables.py decode-plots  # the PNGs beside them (needs matplotlib)
     python benchmarks/tables.py serve-budget  # from benchmarks/results/serve-budget/*.json (a small card's budget)
+    python benchmarks/tables.py plan-vllm  # trit plan against the peaks of those runs' trit servers
     python benchmarks/tables.py serve-plot  # benchmarks/results/serve/serve.png from every serve run
     python benchmarks/tables.py --write   # every marked block of README.md and docs/*.md, in place
 
@@ -376,6 +377,38 @@ def serve_budget() -> str:
     return "\n".join(lines)
 
 
+def plan_vllm() -> str:
+    """``trit plan``'s ledger for each trit server of the serve runs, at the KV cache vLLM allocated, against the
+    server's measured peak (vLLM fills its memory share with KV cache, so the plan is asked for that many tokens)."""
+    import tempfile
+
+    sys.path.insert(0, str(SRC))
+    from trit.bench.serve import model_config
+    from trit.eval.plan import GiB, PlanOptions, plan
+
+    lines = ["| run | model | KV cache | KV-cache tokens (vLLM) | plan: weights + KV + activations + overhead, GiB | "
+             "plan GiB | measured peak GiB | plan error |", "|---|---|---|---|---|---|---|---|"]
+    for f in sorted(RESULTS.glob("serve*/*.json")):
+        for sv in json.loads(f.read_text())["servers"]:
+            if sv["weights"] != "trit" or not sv.get("kv_cache_tokens") or not sv.get("gpu_peak_mib"):
+                continue
+            kv = _last_flag(sv["args"], "--kv-cache-dtype", "auto")
+            with tempfile.TemporaryDirectory() as d:
+                (Path(d) / "config.json").write_text(json.dumps(model_config(sv["model"], "trit")))
+                p = plan(d, PlanOptions(batch=1, max_seq_len=sv["kv_cache_tokens"], kv_cache_dtype=kv,
+                                        max_batched_tokens=int(_last_flag(sv["args"], "--max-num-batched-tokens",
+                                                                          "8192"))))
+            peak = sv["gpu_peak_mib"] * 2**20
+            parts = " + ".join(f"{b / GiB:.2f}" for b in (sum(p.weights.values()), p.kv_total, p.activations,
+                                                           p.overhead))
+            lines.append(f"| `{f.parent.name}/{f.name}` | {sv['model']} | {kv} | {sv['kv_cache_tokens']} | {parts} | "
+                         f"{p.total / GiB:.2f} | {peak / GiB:.2f} | {(p.total - peak) / peak:+.1%} |")
+    lines += ["", "Plan: `trit plan` on the shape's config (group-64 scales), batch 1 at the KV-cache tokens vLLM "
+              "reported, its default activation estimate (8192 batched tokens) and overhead (1.5 GiB); peak: the "
+              "server's `nvidia-smi` peak."]
+    return "\n".join(lines)
+
+
 def serve_plot() -> str:
     """One plot of every ``trit bench serve`` run: throughput and TPOT against concurrency, bf16 and trit."""
     sys.path.insert(0, str(SRC))
@@ -601,7 +634,7 @@ def decode_plots() -> str:
     return "wrote " + ", ".join(str(p) for p in sorted(DECODE.glob("decode_*.png")))
 
 
-TABLES = {"kernels": kernels, "mma": mma, "speedups": speedups, "serving": serving, "serve": serve, "repack": repack, "serve-budget": serve_budget, "cpu": cpu, "cpu-models": cpu_models, "domains": domains, "domains-headline": domains_headline,
+TABLES = {"kernels": kernels, "mma": mma, "speedups": speedups, "serving": serving, "serve": serve, "repack": repack, "serve-budget": serve_budget, "plan-vllm": plan_vllm, "cpu": cpu, "cpu-models": cpu_models, "domains": domains, "domains-headline": domains_headline,
           "vllm": vllm, "a8": a8, "ptq": ptq, "quality": quality, "decode": decode, "decode-plots": decode_plots,
           "serve-plot": serve_plot}
 _BLOCK = re.compile(r"(<!-- table:([\w-]+) -->\n)(.*?)(<!-- /table:\2 -->)", re.S)

