@@ -6,12 +6,15 @@ For each model shape it builds the ternary model with random weights on the
 GPU in format v1 (``trit.synthetic.random_model(..., tile=False)``, no
 checkpoint read), then times :func:`trit.nn.tile` on it as the loader runs it
 (every layer that ``TRIT_LAYOUT``'s rule admits is repacked, in place of its
-format-v1 buffers), synchronised, twice: on fresh weights, and again on a
-second fresh model (the first call includes CUDA's one-time setup of the
-kernels the repack's PyTorch ops use). It records the seconds, the layers and
-weights repacked, the allocated memory before and after and the peak during
-the repack. The vLLM plugin repacks the same way, one layer at a time, in
-``process_weights_after_loading``.
+format-v1 buffers), synchronised, twice, each on a fresh model (the
+process's first call also pays CUDA's one-time setup of the kernels the
+repack's PyTorch ops use; later shapes in the same process do not). It
+records the seconds, the layers and weights repacked, the allocated memory
+before and after and the peak during the repack. The vLLM plugin repacks
+with the same function, one layer at a time, in
+``process_weights_after_loading``, but on vLLM's merged layers (qkv as one,
+gate and up as one), so the 40 Mi rule can admit a different set: the 27B
+shape's merged qkv (44M weights) is repacked there and not here.
 """
 
 from __future__ import annotations

@@ -332,12 +332,16 @@ def serve() -> str:
 
 
 def _last_flag(args: list[str], flag: str, default: str = "-") -> str:
-    """The value a command line gives ``flag`` (``--flag V`` or ``--flag=V``): its last, as argparse takes it."""
-    at = [i for i, a in enumerate(args) if a == flag or a.startswith(flag + "=")]
+    """The value a command line gives ``flag`` (``--flag V``, ``--flag=V``, or with underscores, as vLLM's parser
+    also takes): its last, as argparse takes it."""
+    names = {flag, "--" + flag[2:].replace("-", "_")}
+    at = [i for i, a in enumerate(args) if a in names or a.split("=", 1)[0] in names]
     if not at:
         return default
     a = args[at[-1]]
-    return a.split("=", 1)[1] if "=" in a else args[at[-1] + 1]
+    if "=" in a:
+        return a.split("=", 1)[1]
+    return args[at[-1] + 1] if at[-1] + 1 < len(args) else default
 
 
 def repack() -> str:
@@ -362,11 +366,13 @@ def serve_budget() -> str:
     for f in sorted((RESULTS / "serve-budget").glob("*.json")):
         run = json.loads(f.read_text())
         for sv in run["servers"]:
+            if sv["error"] or not sv["levels"]:
+                continue
             args = sv["args"]
 
             for lv in sv["levels"]:
                 lines.append(
-                    f"| {sv['model']} | {sv['weights']} | {run['gpu_memory_utilization']} | "
+                    f"| {sv['model']} | {sv['weights']} | {_last_flag(args, '--gpu-memory-utilization')} | "
                     f"{_last_flag(args, '--max-model-len')} | {_last_flag(args, '--kv-cache-dtype', 'auto')} | {sv['kv_cache_tokens']} | "
                     f"{sv['gpu_peak_mib']:.0f} | {lv['concurrency']} | {run['input_len']} + {run['output_len']} | "
                     f"{lv['output_tokens_per_s']:.0f} | {lv['ttft_ms']['median']:.0f} | "
@@ -379,33 +385,37 @@ def serve_budget() -> str:
 
 def plan_vllm() -> str:
     """``trit plan``'s ledger for each trit server of the serve runs, at the KV cache vLLM allocated, against the
-    server's measured peak (vLLM fills its memory share with KV cache, so the plan is asked for that many tokens)."""
+    server's measured peak (vLLM fills its memory share with KV cache, so the plan is asked for that many tokens;
+    the KV term then matches by construction, and the column without it is the part the plan estimates)."""
     import tempfile
 
     sys.path.insert(0, str(SRC))
     from trit.bench.serve import model_config
-    from trit.eval.plan import GiB, PlanOptions, plan
+    from trit.eval.plan import DEFAULT_MAX_BATCHED_TOKENS, GiB, PlanOptions, plan
 
     lines = ["| run | model | KV cache | KV-cache tokens (vLLM) | plan: weights + KV + activations + overhead, GiB | "
-             "plan GiB | measured peak GiB | plan error |", "|---|---|---|---|---|---|---|---|"]
+             "plan / measured peak, GiB | error | without the KV cache: plan / measured, GiB | error |",
+             "|---|---|---|---|---|---|---|---|---|"]
     for f in sorted(RESULTS.glob("serve*/*.json")):
         for sv in json.loads(f.read_text())["servers"]:
             if sv["weights"] != "trit" or not sv.get("kv_cache_tokens") or not sv.get("gpu_peak_mib"):
                 continue
             kv = _last_flag(sv["args"], "--kv-cache-dtype", "auto")
+            batched = int(_last_flag(sv["args"], "--max-num-batched-tokens", str(DEFAULT_MAX_BATCHED_TOKENS)))
             with tempfile.TemporaryDirectory() as d:
                 (Path(d) / "config.json").write_text(json.dumps(model_config(sv["model"], "trit")))
                 p = plan(d, PlanOptions(batch=1, max_seq_len=sv["kv_cache_tokens"], kv_cache_dtype=kv,
-                                        max_batched_tokens=int(_last_flag(sv["args"], "--max-num-batched-tokens",
-                                                                          "8192"))))
+                                        max_batched_tokens=batched))
             peak = sv["gpu_peak_mib"] * 2**20
             parts = " + ".join(f"{b / GiB:.2f}" for b in (sum(p.weights.values()), p.kv_total, p.activations,
                                                            p.overhead))
+            rest_plan, rest_peak = p.total - p.kv_total, peak - p.kv_total
             lines.append(f"| `{f.parent.name}/{f.name}` | {sv['model']} | {kv} | {sv['kv_cache_tokens']} | {parts} | "
-                         f"{p.total / GiB:.2f} | {peak / GiB:.2f} | {(p.total - peak) / peak:+.1%} |")
+                         f"{p.total / GiB:.2f} / {peak / GiB:.2f} | {(p.total - peak) / peak:+.1%} | "
+                         f"{rest_plan / GiB:.2f} / {rest_peak / GiB:.2f} | {(rest_plan - rest_peak) / rest_peak:+.1%} |")
     lines += ["", "Plan: `trit plan` on the shape's config (group-64 scales), batch 1 at the KV-cache tokens vLLM "
-              "reported, its default activation estimate (8192 batched tokens) and overhead (1.5 GiB); peak: the "
-              "server's `nvidia-smi` peak."]
+              f"reported, its default activation estimate ({DEFAULT_MAX_BATCHED_TOKENS} batched tokens) and overhead "
+              "(1.5 GiB); peak: the server's `nvidia-smi` peak."]
     return "\n".join(lines)
 
 

@@ -37,6 +37,12 @@ def first_divergence(a: list[int], b: list[int]) -> int:
     return min(len(a), len(b))
 
 
+def tiled_layers(model) -> list[int]:
+    """(layers the plugin repacked to the mma layout, trit layers): run inside vLLM's worker by ``apply_model``."""
+    flags = [getattr(m, "trit_tiled", getattr(m, "tiled", None)) for m in model.modules()]
+    return [sum(f is True for f in flags), sum(f is not None for f in flags)]
+
+
 def main() -> int:
     ap = argparse.ArgumentParser()
     ap.add_argument("--out", type=Path, default=Path("vllm_gpu_check.json"))
@@ -71,6 +77,7 @@ def main() -> int:
     result: dict = {"checkpoint": what, "torch": torch.__version__}
 
     loaded = runtime.load(ckpt, device="cuda", dtype=torch.bfloat16)
+    result["runtime_layers_tiled_of_trit_layers"] = tiled_layers(loaded.model)
     prompt_ids = [loaded.tokenizer(p).input_ids for p in prompts_text]
     ref = [runtime.greedy_ids(loaded, torch.tensor([ids]), args.new_tokens)[0].tolist() for ids in prompt_ids]
     del loaded
@@ -87,8 +94,13 @@ def main() -> int:
         load_s = time.time() - start
         outs = [list(o.outputs[0].token_ids) for o in llm.generate(prompts, greedy)]
         agree = [first_divergence(o, r) for o, r in zip(outs, ref)]
+        try:
+            tiled = llm.apply_model(tiled_layers)[0]
+        except Exception as e:  # an engine without apply_model: say so in the record, not fail the check
+            tiled = f"unknown ({type(e).__name__}: {e})"
         result[name] = {"load_seconds": load_s, "vllm_tokens": outs, "runtime_tokens": ref,
-                        "tokens_equal_before_first_difference": agree, "kwargs": kwargs}
+                        "tokens_equal_before_first_difference": agree, "kwargs": kwargs,
+                        "vllm_layers_tiled_of_trit_layers": tiled}
         print(f"{name}: loaded in {load_s:.1f} s; tokens equal to the runtime's for the first {agree} of "
               f"{args.new_tokens}", flush=True)
     args.out.write_text(json.dumps(result, indent=1))

@@ -33,3 +33,18 @@ def test_random_model_is_repacked_where_the_layout_rule_admits_it(monkeypatch: p
     ids = torch.tensor([[1, 7, 3, 9, 4]])
     with torch.inference_mode():
         torch.testing.assert_close(tiled(ids).logits, flat(ids).logits, rtol=1e-4, atol=1e-4)
+
+
+def test_random_model_hands_its_dtype_to_the_repack_and_leaves_a_float_model_alone(
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    import trit.nn
+
+    calls = []
+    monkeypatch.setattr(trit.nn, "tile", lambda model, dtype: calls.append(dtype) or (0, None))
+    cfg = AutoConfig.for_model("llama", **CFG)
+    random_model(cfg, fmt.TritConfig(group_size=32), "cpu", torch.bfloat16, seed=5)
+    assert calls == [torch.bfloat16]
+    random_model(cfg, fmt.TritConfig(group_size=32), "cpu", torch.bfloat16, seed=5, tile=False)
+    plain = random_model(cfg, None, "cpu", torch.float32, seed=5)
+    assert calls == [torch.bfloat16]  # neither tile=False nor a float model repacks
+    assert not any(isinstance(m, TritLinear) for m in plain.modules())

@@ -1,8 +1,9 @@
 """``trit bench decode``: whole-model generation speed and memory, ternary against bf16, in one engine and one run.
 
 For each model shape, engine and weight kind (bf16, or trit ternary with
-group-64 fp16 scales) it makes the model with random weights (no checkpoint
-to move), then for each batch size generates ``new_tokens`` greedy tokens
+group-64 fp16 scales, repacked on CUDA to the mma layout where the loader
+would: :func:`trit.synthetic.random_model`) it makes the model with random
+weights (no checkpoint to move), then for each batch size generates ``new_tokens`` greedy tokens
 after a ``prompt``-token random prompt, as a streaming server would: every
 step's tokens come back to the host. Reported per run: time to first token
 (the batch's prefill), per-token latency p50/p99 over the decode steps,

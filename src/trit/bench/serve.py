@@ -23,6 +23,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import platform
 import re
 import signal
@@ -216,11 +217,13 @@ def _device() -> str:
 
 
 def _gpu_total_mib() -> float | None:
-    """The GPUs' memory (MiB, summed): what ``--gpu-memory-utilization`` is a share of; None without nvidia-smi."""
+    """The memory (MiB) of the GPU the server runs on: what ``--gpu-memory-utilization`` is a share of (the first
+    of ``CUDA_VISIBLE_DEVICES`` when set, else GPU 0; nvidia-smi does not read that variable); None without one."""
+    index = (os.environ.get("CUDA_VISIBLE_DEVICES") or "0").split(",")[0].strip() or "0"
     try:
-        out = subprocess.run(["nvidia-smi", "--query-gpu=memory.total", "--format=csv,noheader,nounits"],
-                             capture_output=True, text=True, timeout=10).stdout
-        return sum(float(v) for v in out.split()) or None
+        out = subprocess.run(["nvidia-smi", "-i", index, "--query-gpu=memory.total", "--format=csv,noheader,nounits"],
+                             capture_output=True, text=True, timeout=10).stdout.split()
+        return float(out[0]) if out else None
     except (OSError, ValueError, subprocess.SubprocessError):
         return None
 
