@@ -7,6 +7,7 @@
     python benchmarks/tables.py quality   # the headline rows of those files
     python benchmarks/tables.py speedups  # kernels.json summed per model and M
     python benchmarks/tables.py mma       # from benchmarks/results/mma_h200.json (benchmarks/exp_mma.py)
+    python benchmarks/tables.py layout-scales  # from benchmarks/results/layout_scales_cpu.json
     python benchmarks/tables.py repack    # from benchmarks/results/repack_h200.json (benchmarks/repack_time.py)
     python benchmarks/tables.py serving   # the headline rows of benchmarks/results/decode/vllm*.json
     python benchmarks/tables.py serve     # from benchmarks/results/serve/*.json (trit bench serve)
@@ -344,6 +345,22 @@ def _last_flag(args: list[str], flag: str, default: str = "-") -> str:
     return args[at[-1] + 1] if at[-1] + 1 < len(args) else default
 
 
+def layout_scales() -> str:
+    """Perplexity in format v1 and in the mma layout (bf16 scales), the same checkpoint."""
+    d = json.loads((RESULTS / "layout_scales_cpu.json").read_text())
+    corpora = list(d["v1"]["corpora"])
+    lines = ["| layout | " + " | ".join(corpora) + " | geo. mean |", "|---" * (len(corpora) + 2) + "|"]
+    for name in ("v1", "mma"):
+        r = d[name]
+        lines.append(f"| {name} | " + " | ".join(f"{r['corpora'][c]['perplexity']:.3f}" for c in corpora)
+                     + f" | {r['geometric_mean']:.3f} |")
+    ratio = d["ratio_mma_to_v1"]
+    lines.append("| mma / v1 | " + " | ".join(f"x{ratio[c]:.4f}" for c in corpora)
+                 + f" | x{ratio['geometric_mean']:.4f} |")
+    lines += ["", d["what"] + "; `benchmarks/results/layout_scales_cpu.json` holds the commands."]
+    return "\n".join(lines)
+
+
 def repack() -> str:
     """Seconds to repack whole models to the mma layout at load (``benchmarks/repack_time.py``)."""
     d = json.loads((RESULTS / "repack_h200.json").read_text())
@@ -644,7 +661,7 @@ def decode_plots() -> str:
     return "wrote " + ", ".join(str(p) for p in sorted(DECODE.glob("decode_*.png")))
 
 
-TABLES = {"kernels": kernels, "mma": mma, "speedups": speedups, "serving": serving, "serve": serve, "repack": repack, "serve-budget": serve_budget, "plan-vllm": plan_vllm, "cpu": cpu, "cpu-models": cpu_models, "domains": domains, "domains-headline": domains_headline,
+TABLES = {"kernels": kernels, "mma": mma, "speedups": speedups, "serving": serving, "serve": serve, "repack": repack, "layout-scales": layout_scales, "serve-budget": serve_budget, "plan-vllm": plan_vllm, "cpu": cpu, "cpu-models": cpu_models, "domains": domains, "domains-headline": domains_headline,
           "vllm": vllm, "a8": a8, "ptq": ptq, "quality": quality, "decode": decode, "decode-plots": decode_plots,
           "serve-plot": serve_plot}
 _BLOCK = re.compile(r"(<!-- table:([\w-]+) -->\n)(.*?)(<!-- /table:\2 -->)", re.S)
