@@ -8,6 +8,7 @@
     python benchmarks/tables.py speedups  # kernels.json summed per model and M
     python benchmarks/tables.py mma       # from benchmarks/results/mma_h200.json (benchmarks/exp_mma.py)
     python benchmarks/tables.py layout-scales  # from benchmarks/results/layout_scales_cpu.json
+    python benchmarks/tables.py lm-head   # from benchmarks/results/lm_head_cost_cpu.json (benchmarks/lm_head_cost.py)
     python benchmarks/tables.py repack    # from benchmarks/results/repack_h200.json (benchmarks/repack_time.py)
     python benchmarks/tables.py serving   # the headline rows of benchmarks/results/decode/vllm*.json
     python benchmarks/tables.py serve     # from benchmarks/results/serve/*.json (trit bench serve)
@@ -361,6 +362,22 @@ def layout_scales() -> str:
     return "\n".join(lines)
 
 
+def lm_head() -> str:
+    """Perplexity with the lm_head rounded to 8 bits (``benchmarks/lm_head_cost.py``), against the stored head."""
+    d = json.loads((RESULTS / "lm_head_cost_cpu.json").read_text())
+    corpora = list(d["rows"][0]["perplexity"])
+    lines = ["| checkpoint | lm_head | " + " | ".join(f"{c} ppl" for c in corpora) + " | geo. mean | x stored |",
+             "|---" * (len(corpora) + 4) + "|"]
+    stored = {r["checkpoint"]: r["geometric_mean"] for r in d["rows"] if r["lm_head"] == "as stored"}
+    for r in d["rows"]:
+        lines.append(f"| {r['checkpoint']} | {r['lm_head']} | "
+                     + " | ".join(f"{r['perplexity'][c]:.3f}" for c in corpora)
+                     + f" | {r['geometric_mean']:.3f} | x{r['geometric_mean'] / stored[r['checkpoint']]:.4f} |")
+    lines += ["", f"First 16 windows of 512 tokens of each corpus, float32 on the CPU ({d['host']}, torch {d['torch']}); "
+              "`benchmarks/results/lm_head_cost_cpu.json` holds the command."]
+    return "\n".join(lines)
+
+
 def repack() -> str:
     """Seconds to repack whole models to the mma layout at load (``benchmarks/repack_time.py``)."""
     d = json.loads((RESULTS / "repack_h200.json").read_text())
@@ -661,7 +678,7 @@ def decode_plots() -> str:
     return "wrote " + ", ".join(str(p) for p in sorted(DECODE.glob("decode_*.png")))
 
 
-TABLES = {"kernels": kernels, "mma": mma, "speedups": speedups, "serving": serving, "serve": serve, "repack": repack, "layout-scales": layout_scales, "serve-budget": serve_budget, "plan-vllm": plan_vllm, "cpu": cpu, "cpu-models": cpu_models, "domains": domains, "domains-headline": domains_headline,
+TABLES = {"kernels": kernels, "mma": mma, "speedups": speedups, "serving": serving, "serve": serve, "repack": repack, "lm-head": lm_head, "layout-scales": layout_scales, "serve-budget": serve_budget, "plan-vllm": plan_vllm, "cpu": cpu, "cpu-models": cpu_models, "domains": domains, "domains-headline": domains_headline,
           "vllm": vllm, "a8": a8, "ptq": ptq, "quality": quality, "decode": decode, "decode-plots": decode_plots,
           "serve-plot": serve_plot}
 _BLOCK = re.compile(r"(<!-- table:([\w-]+) -->\n)(.*?)(<!-- /table:\2 -->)", re.S)
