@@ -519,6 +519,8 @@ HEADLINE_DOMAINS = (
      "gptq"),
     ("one plane, 32 windows, on the H200", "quality_domains_h200_variants.json", "gptq-random-first"),
     ("one plane, 32 windows from BOS alone (`--calib-first bos`)", "quality_domains_h200_bos-first.json", "gptq"),
+    ("two planes, the default calibration (`--planes 2`: 128 sampled windows)",
+     "quality_domains_cpu_2planes_128samples.json", "gptq-2planes"),
     ("two planes, 32 windows (`--planes 2 --calib-samples 32`)", "quality_domains_cpu_2planes.json", "gptq-2planes"),
     ("two planes, 32 windows from BOS alone", "quality_domains_h200_bos-first.json", "gptq-2planes"),
 )
