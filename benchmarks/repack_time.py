@@ -22,6 +22,8 @@ from __future__ import annotations
 import argparse
 import gc
 import json
+import os
+import sys
 import time
 from pathlib import Path
 
@@ -60,9 +62,6 @@ def main() -> int:
     ap.add_argument("--models", default="llama3-8b,27b", help=f"shapes, comma-separated: {', '.join(SHAPES)}")
     ap.add_argument("--out", type=Path, required=True)
     args = ap.parse_args()
-    import os
-    import sys
-
     result = dict(command="PYTHONPATH=src python " + " ".join(sys.argv), device=torch.cuda.get_device_name(),
                   torch=torch.__version__, layout_rule=os.environ.get("TRIT_LAYOUT", "auto"), runs={})
     for shape in args.models.split(","):

@@ -215,8 +215,7 @@ def ptq() -> str:
 def _flag(row: dict, flag: str, part: int = 0) -> str | None:
     """A flag's value in part ``part`` (0: quantize, 1: heal) of a row's equivalent trit command."""
     parts = row["command"].split(";")
-    words = parts[part].split() if part < len(parts) else []
-    return words[words.index(flag) + 1] if flag in words else None
+    return _last_flag(parts[part].split() if part < len(parts) else [], flag, None)
 
 
 def _ptq_name(row: dict) -> str:
@@ -333,7 +332,7 @@ def serve() -> str:
     return "\n".join(lines)
 
 
-def _last_flag(args: list[str], flag: str, default: str = "-") -> str:
+def _last_flag(args: list[str], flag: str, default: str | None = "-") -> str | None:
     """The value a command line gives ``flag`` (``--flag V``, ``--flag=V``, or with underscores, as vLLM's parser
     also takes): its last, as argparse takes it."""
     names = {flag, "--" + flag[2:].replace("-", "_")}
@@ -403,7 +402,6 @@ def serve_budget() -> str:
             if sv["error"] or not sv["levels"]:
                 continue
             args = sv["args"]
-
             for lv in sv["levels"]:
                 lines.append(
                     f"| {sv['model']} | {sv['weights']} | {_last_flag(args, '--gpu-memory-utilization')} | "
