@@ -273,13 +273,15 @@ def _bench_parser(sub) -> None:
     b = sub.add_parser("bench", help="GPU benchmarks: kernels, a8, decode, serve (JSON and a plot)",
                        description="Benchmarks; each writes JSON (with its command) and a plot.", formatter_class=_Help)
     bsub = b.add_subparsers(dest="what", required=True)
-    k = _command(bsub, "kernels", "trit::linear against bf16 cuBLAS on Llama-3-8B and Qwen2-1.5B layer shapes",
+    k = _command(bsub, "kernels", "trit::linear against bf16 cuBLAS on Llama-3-8B, Qwen2-1.5B and 27B layer shapes",
                  "CUDA-graph replays, weights rotated past the L2, the copy bandwidth of the same run; tunes each\n"
                  "problem's kernel configs first unless told not to.",
                  "trit bench kernels --tune-ms 4,16,64 --out benchmarks/results --tuned-out h200.json")
     k.add_argument("--out", type=Path, default=Path("benchmarks/results"), help="folder for kernels.json/png")
     k.add_argument("--quick", action="store_true", help="M in {1, 4} only")
-    k.add_argument("--ms", default=None, help="the M values, comma-separated (default: 1,4,16,64,256,2048)")
+    k.add_argument("--ms", default=None, help="the M values, comma-separated (default: 1,4,16,64,128,256,2048)")
+    k.add_argument("--models", default=None, help="these models' layer shapes only, comma-separated "
+                   "(default: llama3-8b,qwen2-1.5b,27b)")
     k.add_argument("--no-tune", action="store_true", help="time the configs as they are, without tuning first")
     k.add_argument("--tune-ms", default=None, help="tune only these M values; the others run the table as it is")
     k.add_argument("--tuned-out", type=Path, default=None,
@@ -458,7 +460,7 @@ def _dispatch(args: argparse.Namespace) -> int:
         tune_ms = tuple(int(m) for m in args.tune_ms.split(",")) if args.tune_ms else None
         return bench_kernels(args.out, quick=args.quick, tune=not args.no_tune, tuned_out=args.tuned_out, ms=ms,
                              tune_ms=tune_ms, baseline=args.baseline, write_baseline=args.write_baseline,
-                             tolerance=args.tolerance)
+                             tolerance=args.tolerance, models=tuple(args.models.split(",")) if args.models else None)
     if args.command == "bench" and args.what == "check":
         from trit.bench.guard import check
 

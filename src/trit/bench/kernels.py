@@ -40,8 +40,10 @@ from trit.kernels.cuda import mma as cmma
 SHAPES = {
     "llama3-8b": (("qkv", 6144, 4096), ("o", 4096, 4096), ("gate_up", 28672, 4096), ("down", 4096, 14336)),
     "qwen2-1.5b": (("qkv", 2048, 1536), ("o", 1536, 1536), ("gate_up", 17920, 1536), ("down", 1536, 8960)),
+    # the 27B shape of trit bench serve and decode (hidden 5376, 32 + 2 x 16 heads of 128, MLP 21504)
+    "27b": (("qkv", 8192, 5376), ("o", 5376, 4096), ("gate_up", 43008, 5376), ("down", 5376, 21504)),
 }
-MS = (1, 4, 16, 64, 256, 2048)
+MS = (1, 4, 16, 64, 128, 256, 2048)
 GROUP = fmt.DEFAULT_GROUP_SIZE
 
 
@@ -184,7 +186,7 @@ def _tune_tiled(x: torch.Tensor, reps: list, key: str) -> dict:
     for name, run, cands in (
         ("cuda_gemv", cgemv.linear, cgemv.configs_for(reps[0], sm_count()) if m <= cgemv.MAX_M else ()),
         # where the GEMV can take the problem, the mma kernel at its heuristic config only (a shorter run)
-        ("cuda_mma", cmma.linear, () if m > cmma.MAX_M else [cmma.heuristic(m, reps[0].row_tiles, reps[0].k_steps,
+        ("cuda_mma", cmma.linear, () if m > cmma.TUNE_MAX_M else [cmma.heuristic(m, reps[0].row_tiles, reps[0].k_steps,
                                                                           sm_count())]
          if m <= cgemv.MAX_M else cmma.configs_for(m, reps[0], sm_count())),
     ):
@@ -193,7 +195,7 @@ def _tune_tiled(x: torch.Tensor, reps: list, key: str) -> dict:
         best, us = tuning.tune(lambda cfg, run=run: [lambda r=r: run(x, r, cfg) for r in reps], cands)
         tuning.remember(name, key, best, persist=False)
         out[name] = {"config": asdict(best), "us": us}
-    if 16 <= m <= 2 * cmma.MAX_M:  # where the mma kernel hands over to dequantize + cuBLAS: both timed
+    if 16 <= m <= cmma.TUNE_MAX_M:  # where the mma kernel may hand over to dequantize + cuBLAS: both timed
         out["cuda_dequant_cublas"] = {"us": tuning.graph_time_us(
             [lambda r=r: torch.nn.functional.linear(x, cgemv.dequantize(r)) for r in reps])}
     if len(out) > 1:  # the fastest of the layout's kernels takes this problem
@@ -282,13 +284,19 @@ def _write(out_dir: Path, rows: list[Row], tuned: dict, copy_bw: float, l2: int,
 
 def main(out_dir: Path, quick: bool = False, tune: bool = True, tuned_out: Path | None = None,
          ms: tuple[int, ...] | None = None, tune_ms: tuple[int, ...] | None = None, baseline: Path | None = None,
-         write_baseline: Path | None = None, tolerance: float = DEFAULT_TOLERANCE) -> int:
+         write_baseline: Path | None = None, tolerance: float = DEFAULT_TOLERANCE,
+         models: tuple[str, ...] | None = None) -> int:
     """Time every (shape, M); tune first the Ms of ``tune_ms`` (all, by default; none without ``tune``).
 
     ``kernels.json`` is rewritten after each problem, so a run stopped part way keeps what it measured.
     """
     from trit.kernels import tuning
 
+    unknown = sorted(set(models or ()) - set(SHAPES))
+    if unknown:
+        print(f"trit bench kernels: no layer shapes for {', '.join(unknown)}; known: {', '.join(SHAPES)}",
+              file=sys.stderr)
+        return 2
     if not torch.cuda.is_available():
         print("trit bench kernels needs a CUDA GPU", file=sys.stderr)
         return 2
@@ -301,6 +309,8 @@ def main(out_dir: Path, quick: bool = False, tune: bool = True, tuned_out: Path 
     rows, tuned = [], {}
     start = time.time()
     for model, shapes in SHAPES.items():
+        if models and model not in models:
+            continue
         for layer, n, k in shapes:
             for m in ms:
                 r = bench_problem(n, k, m, l2, m in tune_ms)

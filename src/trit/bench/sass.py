@@ -194,7 +194,7 @@ def compile_cuda(kernel: str, m: int) -> dict:
     key = tuning.key(m, N, K, GROUP, torch.bfloat16)
     if kernel == "cuda_mma":
         cfg = tuning.lookup(kernel, key, mma.MmaConfig) or mma.heuristic(m, *mma.tiles(N, K), sms=132)  # an H200
-        name, source = mma.kernel_name(mma.token_tiles(m), cfg, GROUP), mma.source()
+        name, source = mma.kernel_name(mma.token_tiles(m, cfg.mt), cfg, GROUP), mma.source()
         per_trip = cfg.rt * cfg.ki * 4 * 16  # a lane's weights a chunk: rt tiles x ki steps x 4 words of 16
         work = "HMMA"
     else:

@@ -4,7 +4,8 @@ A layer is held in one layout. Where :func:`tile_refusal` finds nothing against
 it, the runtime and the vLLM plugin repack each layer once, at load
 (:func:`trit.kernels.cuda.mma.repack`), and the layer's forward calls
 ``trit::linear_tiled``; these kernels take it from there: the dp2a GEMV for a
-few rows, the tensor-core GEMM up to 64 rows, dequantize + cuBLAS above. Each
+few rows, the tensor-core GEMM up to 64 rows (further where the tuned table
+measured it faster), dequantize + cuBLAS above. Each
 refusal says why, as the Triton candidates' do. Where NVRTC cannot compile
 (no CUDA build of torch, no ``nvidia-cuda-nvrtc``), nothing is repacked and
 the Triton kernels read format v1 as before: the reason is logged once.
@@ -24,7 +25,7 @@ from trit.kernels.cuda import gemv, mma
 log = logging.getLogger(__name__)
 
 # without a tuned choice (the table's "choice_mma"), the GEMV takes up to this many rows, the mma kernel up to
-# mma.MAX_M, dequantize + cuBLAS the rest
+# mma.MAX_M, dequantize + cuBLAS the rest; with one, the kernel it names (the mma kernel at any M)
 GEMV_MAX_M = 4
 # "auto" (the default): the mma layout where the CUDA kernels run it; "v1": keep the checkpoint's layout;
 # "mma": the mma layout wherever it can hold the layer, on any device (elsewhere than the CUDA kernels run, the
@@ -120,8 +121,10 @@ def refuse_gemv(p) -> str | None:
 
 
 def refuse_mma(p) -> str | None:
-    return _refusal(p, mma.MAX_M, f"the mma kernel takes at most {mma.MAX_M} rows") \
-        or _prefers_other(_choice(p), "cuda_mma")
+    choice = _choice(p)
+    limit = 1 << 62 if choice == "cuda_mma" else mma.MAX_M
+    return _refusal(p, limit, f"no tuned choice of the mma kernel, which takes up to {mma.MAX_M} rows as a rule") \
+        or _prefers_other(choice, "cuda_mma")
 
 
 def refuse_dequant(p) -> str | None:

@@ -67,20 +67,21 @@ __device__ __forceinline__ u32 ternary(u32 w, int q, u32 s, u32 mask) {
     return fma_bf16x2(fma_bf16x2(((w >> (2 * q)) & mask) | BASE, ONE, M129), s, NEG_ZERO);
 }
 
-// One word: the codes of the eight A registers of two k16 steps, register q in
+// One word holds the codes of the eight A registers of two k16 steps, register q in
 // bits 2q (element 0) and 16 + 2q (element 1). Registers 0 and 2 (4 and 6) hold
 // row g, 1 and 3 (5 and 7) row g + 8: s0 and s1 are their scales, both halves.
 // ``mask`` is 0x00030003, held in a register (the compiler would otherwise
 // rematerialize the constant before every lop3).
-__device__ __forceinline__ void decode(u32 w, u32 s0, u32 s1, u32 mask, u32 (&a)[8]) {
+// Half s of it: the four registers of k16 step s.
+__device__ __forceinline__ void decode(u32 w, int s, u32 s0, u32 s1, u32 mask, u32 (&a)[4]) {
 #pragma unroll
-    for (int q = 0; q < 8; ++q) a[q] = ternary(w, q, (q & 1) ? s1 : s0, mask);
+    for (int q = 0; q < 4; ++q) a[q] = ternary(w, 4 * s + q, (q & 1) ? s1 : s0, mask);
 }
 
 // Without the -129 and the scale: register q is the bf16 pair 128 + c, two ops.
-__device__ __forceinline__ void decode_raw(u32 w, u32 mask, u32 (&a)[8]) {
+__device__ __forceinline__ void decode_raw(u32 w, int s, u32 mask, u32 (&a)[4]) {
 #pragma unroll
-    for (int q = 0; q < 8; ++q) a[q] = ((w >> (2 * q)) & mask) | BASE;
+    for (int q = 0; q < 4; ++q) a[q] = ((w >> (2 * (4 * s + q))) & mask) | BASE;
 }
 
 __device__ __forceinline__ u32 splat_lo(u32 v) { return __byte_perm(v, 0, 0x1010); }
@@ -92,7 +93,8 @@ __device__ __forceinline__ u32 lds32(u32 addr) {
     return v;
 }
 
-// MT: token tiles of 8 (M <= 8 * MT); RT: 16-row tiles a warp; KI: 128-input steps a
+// MT: token tiles of 8 a block (8 * MT tokens; blockIdx.z picks the slice of tokens, so M
+// is not bounded); RT: 16-row tiles a warp; KI: 128-input steps a
 // chunk; GS: inputs a scale (32, 64, 128; 0 = one scale a row); ST: pipeline stages;
 // NW: warps a block (they share the staged activations);
 // FOLD: multiply the raw codes (128 + c) and fold the offset and the scale in per
@@ -116,6 +118,14 @@ __global__ void __launch_bounds__(NW * 32) trit_mma(const U4* __restrict__ wq, c
     constexpr int STAGE = X_BYTES + W_BYTES + S_BYTES;
     extern __shared__ __align__(16) unsigned char smem[];  // [ST][x | codes | scales]
 
+    {  // this block's slice of tokens: rows ROWS z to ROWS (z + 1) of x, y and the workspace
+        const int m0 = blockIdx.z * ROWS;
+        x += (long)m0 * K;
+        y += (long)m0 * N;
+        ws += (long)m0 * N;
+        locks += blockIdx.z * gridDim.x;
+        M = min(M - m0, ROWS);
+    }
     const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
     const int g = lane >> 2, t = lane & 3;
     const int NT = (N + 15) >> 4;
@@ -241,56 +251,52 @@ __global__ void __launch_bounds__(NW * 32) trit_mma(const U4* __restrict__ wq, c
             for (int r = 0; r < RT; ++r) wv[r] = lds128(sb + X_BYTES + (((warp * RT + r) * KI + i) * 32 + lane) * 16);
 #pragma unroll
             for (int j = 0; j < 4; ++j) {
-                // B fragments of the two k16 steps of word j
-                u32 b[2][MT][2];
+                const int word = i * 4 + j;
+                u32 sw[RT];  // the scale words of this word's group
+#pragma unroll
+                for (int r = 0; r < RT; ++r) sw[r] = FOLD ? 0u : scale_word(sb, r, word / WPG, row_scale[r]);
+                // the two k16 steps of word j, one after the other: B fragments of step s for all MT
+                // token tiles, then for each row tile the four A registers of step s and MT MMAs
 #pragma unroll
                 for (int s = 0; s < 2; ++s) {
+                    u32 b[MT][2];
                     const int kk = i * 128 + j * 32 + s * 16;
                     if (MT == 1) {
                         const int mat = (lane >> 3) & 1;
-                        ldmatrix_x2(sb + ((lane & 7) * LDS + kk + mat * 8) * 2, b[s][0][0], b[s][0][1]);
+                        ldmatrix_x2(sb + ((lane & 7) * LDS + kk + mat * 8) * 2, b[0][0], b[0][1]);
                     } else {
 #pragma unroll
                         for (int p = 0; p < MT / 2; ++p) {
                             const int mat = lane >> 3;
                             const int row = (2 * p + (mat >> 1)) * 8 + (lane & 7);
-                            ldmatrix_x4(sb + (row * LDS + kk + (mat & 1) * 8) * 2, b[s][2 * p][0], b[s][2 * p][1],
-                                        b[s][2 * p + 1][0], b[s][2 * p + 1][1]);
+                            ldmatrix_x4(sb + (row * LDS + kk + (mat & 1) * 8) * 2, b[2 * p][0], b[2 * p][1],
+                                        b[2 * p + 1][0], b[2 * p + 1][1]);
                         }
                     }
-                }
-                const int word = i * 4 + j;
-                if (FOLD) {
-#pragma unroll
-                    for (int s = 0; s < 2; ++s)
+                    if (FOLD) {
 #pragma unroll
                         for (int tt = 0; tt < MT; ++tt)
-                            if (word % FIX == 0) mma_bf16_first(xsum[s][tt], ones, b[s][tt][0], b[s][tt][1]);
-                            else mma_bf16(xsum[s][tt], ones, b[s][tt][0], b[s][tt][1]);
-                }
-#pragma unroll
-                for (int r = 0; r < RT; ++r) {  // a tile past N multiplies stale shared memory, never stored
-                    const u32 w = j == 0 ? wv[r].x : j == 1 ? wv[r].y : j == 2 ? wv[r].z : wv[r].w;
-                    u32 a[8];
-                    if (FOLD) {
-                        decode_raw(w, mask, a);
-                    } else {
-                        const u32 sw = scale_word(sb, r, word / WPG, row_scale[r]);
-                        decode(w, splat_lo(sw), splat_hi(sw), mask, a);
+                            if (word % FIX == 0) mma_bf16_first(xsum[s][tt], ones, b[tt][0], b[tt][1]);
+                            else mma_bf16(xsum[s][tt], ones, b[tt][0], b[tt][1]);
                     }
 #pragma unroll
-                    for (int s = 0; s < 2; ++s)
+                    for (int r = 0; r < RT; ++r) {  // a tile past N multiplies stale shared memory, never stored
+                        const u32 w = j == 0 ? wv[r].x : j == 1 ? wv[r].y : j == 2 ? wv[r].z : wv[r].w;
+                        u32 a[4];
+                        if (FOLD) decode_raw(w, s, mask, a);
+                        else decode(w, s, splat_lo(sw[r]), splat_hi(sw[r]), mask, a);
 #pragma unroll
                         for (int tt = 0; tt < MT; ++tt)
-                            if (!FOLD) mma_bf16(acc[r][tt], a + 4 * s, b[s][tt][0], b[s][tt][1]);
-                            else if (word % FIX == 0) mma_bf16_first(tmp[s][r][tt], a + 4 * s, b[s][tt][0], b[s][tt][1]);
-                            else mma_bf16(tmp[s][r][tt], a + 4 * s, b[s][tt][0], b[s][tt][1]);
+                            if (!FOLD) mma_bf16(acc[r][tt], a, b[tt][0], b[tt][1]);
+                            else if (word % FIX == 0) mma_bf16_first(tmp[s][r][tt], a, b[tt][0], b[tt][1]);
+                            else mma_bf16(tmp[s][r][tt], a, b[tt][0], b[tt][1]);
+                    }
                 }
                 if (FOLD && (word + 1) % FIX == 0) {
 #pragma unroll
                     for (int r = 0; r < RT; ++r) {
-                        const u32 sw = scale_word(sb, r, word / WPG, row_scale[r]);
-                        const float s0 = __uint_as_float(sw << 16), s1 = __uint_as_float(sw & 0xFFFF0000u);
+                        const u32 gw = scale_word(sb, r, word / WPG, row_scale[r]);
+                        const float s0 = __uint_as_float(gw << 16), s1 = __uint_as_float(gw & 0xFFFF0000u);
 #pragma unroll
                         for (int tt = 0; tt < MT; ++tt)
 #pragma unroll

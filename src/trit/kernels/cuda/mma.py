@@ -1,4 +1,4 @@
-"""The tensor-core GEMM on a layout made at load time (``mma.cu``), M = 1 to 64.
+"""The tensor-core GEMM on a layout made at load time (``mma.cu``), any M (the tuned tables say where it wins).
 
 The layout
 ----------
@@ -38,7 +38,9 @@ SOURCE_FILE = Path(__file__).with_name("mma.cu")
 ROW_TILE = 16
 K_STEP = 128
 WARPS = 4
-MAX_M = 64
+MAX_M = 64  # without a tuned choice, the mma kernel takes up to this many rows, dequantize + cuBLAS the rest
+TUNE_MAX_M = 256  # `trit bench kernels` times it against dequantize + cuBLAS up to this many rows
+TOKEN_TILES = (1, 2, 4, 8, 16)  # tiles of 8 tokens a block; above 16 (128 tokens), blocks take slices of M
 GROUPS = (32, 64, 128, fmt.PER_ROW)
 
 
@@ -157,7 +159,8 @@ def unpack_layout(r: MmaWeights) -> torch.Tensor:
 class MmaConfig:
     """``rt`` row tiles of 16 a warp, ``ki`` 128-input steps a chunk, ``splits`` of K,
     ``stages`` of the shared-memory ring, ``fold``: scale and offset per group in fp32 (see ``mma.cu``),
-    ``warps`` a block."""
+    ``warps`` a block, ``mt`` token tiles of 8 a block (0: the fewest that hold M, at most 16; a block
+    takes a slice of ``8 mt`` tokens and the grid covers M with slices)."""
 
     rt: int = 2
     ki: int = 2
@@ -165,13 +168,21 @@ class MmaConfig:
     stages: int = 4
     fold: bool = True
     warps: int = 4
+    mt: int = 0
 
 
-def token_tiles(m: int) -> int:
-    for mt in (1, 2, 4, 8):
-        if m <= 8 * mt:
-            return mt
-    raise ValueError(f"the mma kernel takes M <= {MAX_M}, not {m}")
+def token_tiles(m: int, mt: int = 0) -> int:
+    """Token tiles of 8 a block for M rows: ``mt`` if given, else the fewest that hold M (at most 16)."""
+    if mt:
+        if mt not in TOKEN_TILES:
+            raise ValueError(f"the mma kernel takes {TOKEN_TILES} token tiles a block, not {mt}")
+        return mt
+    return next((t for t in TOKEN_TILES if m <= 8 * t), TOKEN_TILES[-1])
+
+
+def token_slices(m: int, mt: int) -> int:
+    """Slices of ``8 mt`` tokens that cover M rows (the grid's third dimension)."""
+    return max(1, -(-m // (8 * mt)))
 
 
 def smem_bytes(mt: int, cfg: MmaConfig, group_size: int) -> int:
@@ -188,30 +199,45 @@ def kernel_name(mt: int, cfg: MmaConfig, group_size: int) -> str:
 
 
 def heuristic(m: int, row_tiles: int, k_steps: int, sms: int) -> MmaConfig:
-    """A config without tuning: two row tiles a warp, and enough K splits to give each SM about four blocks."""
-    rt, ki = 2, 2 if m <= 32 else 1
-    blocks, chunks = grid(row_tiles, k_steps, WARPS, rt, ki)
-    splits = max(1, min(chunks // 2, math.ceil(4 * sms / blocks)))
-    return MmaConfig(rt, ki, splits)
+    """A config without tuning, after what tuning on the H200 chose (``kernels/tuned/h200.json``).
+
+    Up to 8 rows: two row tiles a warp and the fp32 fold. Above: no fold (its sums would spill registers), two
+    row tiles a warp where that still gives every SM a block, else one; eight warps from 33 rows; above 64
+    rows, 64 tokens a block. Then K splits until each SM has about four blocks (at most 16; none without
+    the fold where the blocks already cover the SMs)."""
+    mt = token_tiles(min(m, MAX_M))
+    fold = mt == 1
+    warps = 8 if mt >= 8 else WARPS
+    rt = 2 if fold or grid(row_tiles, k_steps, warps, 2, 1)[0] >= sms else 1
+    ki = 2 if m <= 32 else 1
+    blocks, chunks = grid(row_tiles, k_steps, warps, rt, ki)
+    blocks *= token_slices(m, mt)
+    splits = 1 if blocks >= sms and not fold else max(1, min(chunks // 2, 16, math.ceil(4 * sms / blocks)))
+    return MmaConfig(rt, ki, splits, 4 if fold else 3, fold, warps, mt if m > MAX_M else 0)
 
 
 def configs_for(m: int, r: MmaWeights, sms: int) -> list[MmaConfig]:
     """The search space of tuning (``trit bench kernels``, ``benchmarks/exp_mma.py``) for M rows of layer ``r``."""
     out = []
-    mt = token_tiles(m)
-    rts = kis = (1, 2, 4) if mt <= 2 else (1, 2)
-    folds = (True, False) if mt <= 4 else (False,)
-    for rt in rts:
-        for ki in kis:
-            for nw in (4,) if mt <= 2 else (4, 8):
-                blocks, chunks = grid(r.row_tiles, r.k_steps, nw, rt, ki)
-                for fold in folds:
-                    if smem_bytes(mt, MmaConfig(rt, ki, 1, 3, fold, nw), r.group_size) > 200 * 1024:
-                        continue
-                    for sk in (1, 2, 4, 8, 16):
-                        if sk > chunks or (sk > 1 and blocks * sk > 8 * sms):
+    for mt in (token_tiles(m),) if m <= MAX_M else (4, 8, 16):
+        rts = (1, 2, 4) if mt <= 8 else (1,)  # 16 token tiles and two row tiles spill registers
+        kis = (1, 2, 4) if mt <= 2 else (1, 2)
+        folds = (True, False) if mt <= 4 and m <= MAX_M else (False,)
+        slices = token_slices(m, mt)
+        for rt in rts:
+            for ki in kis:
+                for nw in (4,) if mt <= 2 else (4, 8):
+                    blocks, chunks = grid(r.row_tiles, r.k_steps, nw, rt, ki)
+                    blocks *= slices
+                    for fold in folds:
+                        stages = next((st for st in (3, 2) if smem_bytes(mt, MmaConfig(rt, ki, 1, st, fold, nw),
+                                                                          r.group_size) <= 200 * 1024), None)
+                        if stages is None:
                             continue
-                        out.append(MmaConfig(rt, ki, sk, 3, fold, nw))
+                        for sk in (1, 2, 4, 8, 16) if m <= MAX_M else (1, 2, 4):
+                            if sk > chunks or (sk > 1 and blocks * sk > 8 * sms):
+                                continue
+                            out.append(MmaConfig(rt, ki, sk, stages, fold, nw, 0 if m <= MAX_M else mt))
     return out
 
 
@@ -234,7 +260,7 @@ def workspace(device: torch.device, floats: int, locks: int) -> tuple[torch.Tens
 
 
 def linear(x: torch.Tensor, r: MmaWeights, config: MmaConfig | None = None) -> torch.Tensor:
-    """``x`` (M, K) bf16 -> (M, N) bf16 through the CUDA kernel (M <= 64)."""
+    """``x`` (M, K) bf16 -> (M, N) bf16 through the CUDA kernel."""
     import ctypes
 
     from trit.kernels.cuda import nvrtc
@@ -244,8 +270,9 @@ def linear(x: torch.Tensor, r: MmaWeights, config: MmaConfig | None = None) -> t
     if x.dtype != torch.bfloat16 or k != r.k or k % 8:
         raise ValueError(f"trit_mma takes bf16 x with K = {r.k} (a multiple of 8), got {x.dtype} {tuple(x.shape)}")
     x = x.contiguous()
-    mt = token_tiles(m)
     cfg = config or heuristic(m, r.row_tiles, r.k_steps, sm_count())
+    mt = token_tiles(m, cfg.mt)
+    slices = token_slices(m, mt)
     smem = smem_bytes(mt, cfg, r.group_size)
     kern = nvrtc.load(source(), kernel_name(mt, cfg, r.group_size), smem=smem)
     blocks, chunks = grid(r.row_tiles, r.k_steps, cfg.warps, cfg.rt, cfg.ki)
@@ -253,8 +280,8 @@ def linear(x: torch.Tensor, r: MmaWeights, config: MmaConfig | None = None) -> t
     per_split = -(-chunks // splits)
     splits = -(-chunks // per_split)
     y = torch.empty(m, r.n, dtype=torch.bfloat16, device=x.device)
-    ws, locks = workspace(x.device, m * r.n if splits > 1 else 0, blocks)
+    ws, locks = workspace(x.device, m * r.n if splits > 1 else 0, blocks * slices)
     args = [ctypes.c_void_p(t.data_ptr()) for t in (r.wq, r.sc, x, y, ws, locks)]
     args += [ctypes.c_int(v) for v in (m, r.n, k, r.k_steps, r.scale_groups, per_split, splits)]
-    kern.launch((blocks, splits, 1), cfg.warps * 32, smem, args)
+    kern.launch((blocks, splits, slices), cfg.warps * 32, smem, args)
     return y
