@@ -2,10 +2,13 @@
 
 from __future__ import annotations
 
+from pathlib import Path
+
 import pytest
 import torch
 
 from trit.kernels import registry
+from trit.kernels.cuda import mma
 
 
 def test_choose_kernel_explains_refusals() -> None:
@@ -80,3 +83,33 @@ def test_the_tuned_table_picks_among_the_mma_layouts_kernels(monkeypatch: pytest
     tuning.prefer(tuning.key(32, 4096, 4096, 64, torch.bfloat16), "cuda_dequant_cublas", "choice_mma")
     assert (first[2](), first[4](), first[32]()) == ("cuda_gemv", "cuda_mma", "cuda_dequant_cublas")
     assert tuning.preferred(tuning.key(4, 4096, 4096, 64, torch.bfloat16)) is None  # format v1's choice apart
+
+
+def test_the_mma_kernel_takes_more_than_64_rows_only_where_the_table_chose_it(monkeypatch: pytest.MonkeyPatch) -> None:
+    from trit.kernels import tuning
+    from trit.kernels.cuda import launch
+
+    monkeypatch.setattr(launch, "unavailable", lambda: None)
+    monkeypatch.setattr(tuning, "_TABLES", {"choice_mma": {}})
+    p = registry.Problem(100, 4096, 4096, 64, "cuda", torch.bfloat16, layout="mma")
+    assert "no tuned choice" in launch.refuse_mma(p)
+    tuning.prefer(tuning.key(100, 4096, 4096, 64, torch.bfloat16), "cuda_mma", "choice_mma")  # the 128 bucket
+    assert launch.refuse_mma(p) is None
+    assert registry.choose_kernel(p).kernel.name == "cuda_mma"
+    big = registry.Problem(300, 4096, 4096, 64, "cuda", torch.bfloat16, layout="mma")  # the 512 bucket: no entry
+    assert registry.choose_kernel(big).kernel.name == "cuda_dequant_cublas"
+
+
+def test_a_choice_recorded_before_the_tables_are_read_is_kept(monkeypatch: pytest.MonkeyPatch,
+                                                               tmp_path: Path) -> None:
+    """`trit bench kernels` may tune a problem before anything has read the shipped tables."""
+    from trit.kernels import tuning
+
+    monkeypatch.setenv("TRIT_CACHE", str(tmp_path))
+    monkeypatch.setattr(tuning, "_TABLES", None)
+    key = tuning.key(100, 4096, 4096, 64, torch.bfloat16)
+    tuning.prefer(key, "cuda_mma", "choice_mma")
+    tuning.remember("cuda_mma", key, mma.MmaConfig(1, 1, 1, 3, False, 4, 8), persist=False)
+    assert tuning.preferred(key, "choice_mma") == "cuda_mma"
+    assert tuning.lookup("cuda_mma", key, mma.MmaConfig) == mma.MmaConfig(1, 1, 1, 3, False, 4, 8)
+    assert tuning.preferred(tuning.key(1, 4096, 4096, 64, torch.bfloat16), "choice_mma") == "cuda_gemv"  # shipped

@@ -80,15 +80,15 @@ def preferred(problem_key: str, table: str = "choice") -> str | None:
 
 def prefer(problem_key: str, kernel: str, table: str = "choice") -> None:
     """Record (in memory) the fastest kernel for a problem: ``trit bench kernels`` writes these."""
+    tables = _tables()  # loaded first: a record made before the tables are read would be lost
     with _LOCK:
-        tables = _TABLES if _TABLES is not None else {}
         tables.setdefault(table, {})[problem_key] = kernel
         _bump()
 
 
 def remember(kernel: str, problem_key: str, config: Any, persist: bool = True) -> None:
+    tables = _tables()  # as in prefer
     with _LOCK:
-        tables = _TABLES if _TABLES is not None else {}
         tables.setdefault(kernel, {})[problem_key] = asdict(config)
     if persist:
         path = cache_file()
