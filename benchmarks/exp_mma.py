@@ -37,8 +37,8 @@ def check(rows: list) -> float:
                               (1, 1000, 4096, 128, mma.MmaConfig(2, 2, 4)), (2, 77, 2048, 64, mma.MmaConfig(1, 1, 2)),
                               (4, 300, 1536, 32, mma.MmaConfig(2, 1, 1)), (64, 4098, 576, 64, mma.MmaConfig(1, 1, 3, 4, False)),
                               (16, 200, 640, 64, mma.MmaConfig(4, 4, 1, 3)), (40, 96, 1024, -1, mma.MmaConfig(2, 1, 8, 5, True, 8)),
-                              (100, 300, 1536, 64, mma.MmaConfig(1, 1, 1, 3, False, 4, 16)),
-                              (300, 130, 640, 32, mma.MmaConfig(2, 2, 2, 2, False, 8, 16))]:
+                              (100, 300, 1536, 64, mma.MmaConfig(1, 1, 1, 3, False, 4, 8)),
+                              (300, 130, 640, 32, mma.MmaConfig(2, 2, 2, 3, False, 8, 4))]:
         kp = fmt.padded_k(k, g)
         packed = random_packed((n, kp // 4), "cuda")
         scale = (torch.rand(n, fmt.num_groups(g, kp), device="cuda") * 0.02 + 0.005).half()

@@ -93,7 +93,7 @@ __device__ __forceinline__ u32 lds32(u32 addr) {
     return v;
 }
 
-// MT: token tiles of 8 a block (8 * MT tokens; blockIdx.z picks the slice of tokens, so M
+// MT: token tiles of 8 a block (8 * MT tokens, MT <= 8; blockIdx.z picks the slice of tokens, so M
 // is not bounded); RT: 16-row tiles a warp; KI: 128-input steps a
 // chunk; GS: inputs a scale (32, 64, 128; 0 = one scale a row); ST: pipeline stages;
 // NW: warps a block (they share the staged activations);

@@ -40,7 +40,7 @@ K_STEP = 128
 WARPS = 4
 MAX_M = 64  # without a tuned choice, the mma kernel takes up to this many rows, dequantize + cuBLAS the rest
 TUNE_MAX_M = 256  # `trit bench kernels` times it against dequantize + cuBLAS up to this many rows
-TOKEN_TILES = (1, 2, 4, 8, 16)  # tiles of 8 tokens a block; above 16 (128 tokens), blocks take slices of M
+TOKEN_TILES = (1, 2, 4, 8)  # tiles of 8 tokens a block; above 64 tokens, blocks take slices of M
 GROUPS = (32, 64, 128, fmt.PER_ROW)
 
 
@@ -159,7 +159,7 @@ def unpack_layout(r: MmaWeights) -> torch.Tensor:
 class MmaConfig:
     """``rt`` row tiles of 16 a warp, ``ki`` 128-input steps a chunk, ``splits`` of K,
     ``stages`` of the shared-memory ring, ``fold``: scale and offset per group in fp32 (see ``mma.cu``),
-    ``warps`` a block, ``mt`` token tiles of 8 a block (0: the fewest that hold M, at most 16; a block
+    ``warps`` a block, ``mt`` token tiles of 8 a block (0: the fewest that hold M, at most 8; a block
     takes a slice of ``8 mt`` tokens and the grid covers M with slices)."""
 
     rt: int = 2
@@ -172,7 +172,7 @@ class MmaConfig:
 
 
 def token_tiles(m: int, mt: int = 0) -> int:
-    """Token tiles of 8 a block for M rows: ``mt`` if given, else the fewest that hold M (at most 16)."""
+    """Token tiles of 8 a block for M rows: ``mt`` if given, else the fewest that hold M (at most 8)."""
     if mt:
         if mt not in TOKEN_TILES:
             raise ValueError(f"the mma kernel takes {TOKEN_TILES} token tiles a block, not {mt}")
@@ -219,8 +219,8 @@ def heuristic(m: int, row_tiles: int, k_steps: int, sms: int) -> MmaConfig:
 def configs_for(m: int, r: MmaWeights, sms: int) -> list[MmaConfig]:
     """The search space of tuning (``trit bench kernels``, ``benchmarks/exp_mma.py``) for M rows of layer ``r``."""
     out = []
-    for mt in (token_tiles(m),) if m <= MAX_M else (4, 8, 16):
-        rts = (1, 2, 4) if mt <= 8 else (1,)  # 16 token tiles and two row tiles spill registers
+    for mt in (token_tiles(m),) if m <= MAX_M else (4, 8):
+        rts = (1, 2, 4)
         kis = (1, 2, 4) if mt <= 2 else (1, 2)
         folds = (True, False) if mt <= 4 and m <= MAX_M else (False,)
         slices = token_slices(m, mt)
