@@ -290,16 +290,21 @@ def _speed_table(runs: dict[tuple, dict], with_ttft: bool) -> list[str]:
 def serve() -> str:
     """``trit bench serve`` runs: vLLM's OpenAI server under load, vLLM's own client, bf16 against trit."""
     files = sorted((RESULTS / "serve").glob("*.json"))
-    servers = {(sv["model"], sv["weights"]): (sv, json.loads(f.read_text())) for f in files
-               for sv in json.loads(f.read_text())["servers"] if sv["levels"]}
+    servers: dict[tuple[str, str], tuple[dict, dict]] = {}  # (model, weights): the server of most levels, its run
+    by_level: dict[str, dict[int, dict[str, dict]]] = {}  # model: concurrency: weights: level (any file)
+    for f in files:
+        run = json.loads(f.read_text())
+        for sv in run["servers"]:
+            if sv["levels"]:
+                key = (sv["model"], sv["weights"])
+                if key not in servers or len(sv["levels"]) > len(servers[key][0]["levels"]):
+                    servers[key] = (sv, run)
+                for lv in sv["levels"]:
+                    by_level.setdefault(sv["model"], {}).setdefault(lv["concurrency"], {})[sv["weights"]] = lv
     lines = ["| model | concurrency | output tok/s bf16 | trit | trit / bf16 | TPOT p50 ms bf16 / trit | "
              "TPOT p99 ms bf16 / trit | TTFT p50 ms bf16 / trit | failed |", "|---|---|---|---|---|---|---|---|---|"]
     for model in dict.fromkeys(m for m, _ in servers):
-        b, t = servers.get((model, "bf16"), (None, None))[0], servers.get((model, "trit"), (None, None))[0]
-        levels = {lv["concurrency"]: {} for sv in (b, t) if sv for lv in sv["levels"]}
-        for kind, sv in (("bf16", b), ("trit", t)):
-            for lv in sv["levels"] if sv else ():
-                levels[lv["concurrency"]][kind] = lv
+        levels = by_level[model]
         for c in sorted(levels):
             lb, lt = levels[c].get("bf16"), levels[c].get("trit")
 
