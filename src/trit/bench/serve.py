@@ -247,7 +247,7 @@ def parser(add_help: bool = True) -> argparse.ArgumentParser:
     """``trit bench serve``'s flags (also the CLI's ``bench serve`` sub-command, for its help)."""
     ap = argparse.ArgumentParser(prog="trit bench serve", description=__doc__.split("\n\n")[0], add_help=add_help,
                                  formatter_class=argparse.ArgumentDefaultsHelpFormatter)
-    ap.add_argument("--models", default="llama3-8b", help=f"shapes, comma-separated: {', '.join(SHAPES)}, tiny")
+    ap.add_argument("--models", default="llama3-8b", help=f"shapes, comma-separated: {', '.join(SHAPES)}")
     ap.add_argument("--weights", default="bf16,trit", help="weight kinds, comma-separated")
     ap.add_argument("--concurrency", default="1,4,16,64,256", help="--max-concurrency levels, comma-separated")
     ap.add_argument("--input-len", type=int, default=512, help="prompt tokens (random dataset)")
@@ -270,9 +270,9 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     args.models = [m for m in args.models.split(",") if m]
     args.weights = [w for w in args.weights.split(",") if w]
     args.concurrency = [int(c) for c in args.concurrency.split(",") if c]
-    unknown = [m for m in args.models if m not in (*SHAPES, "tiny")]
+    unknown = [m for m in args.models if m not in SHAPES]
     if unknown or any(w not in ("bf16", "trit") for w in args.weights) or min(args.concurrency) < 1:
-        ap.error(f"--models from {', '.join(SHAPES)}, tiny; --weights from bf16, trit; --concurrency >= 1")
+        ap.error(f"--models from {', '.join(SHAPES)}; --weights from bf16, trit; --concurrency >= 1")
     return args
 
 
