@@ -96,10 +96,57 @@ def test_random_first_token_starts_each_sampled_window_apart(tiny: Path) -> None
     assert bos.shape == rnd.shape == (6, 12)
     assert len(set(bos[:, 0].tolist())) == 1 and (rnd[:, 0] == bos[0, 0]).all()  # BOS first, either way
     assert len(set(rnd[:, 1].tolist())) > 1 and not special & set(rnd[:, 1].tolist())
-    again = calibration_ids(ckpt, CalibOptions(samples=6, seq_len=12, batch=3, first="random"), "cpu")
-    assert torch.equal(rnd, again)  # seeded
+    again = calibration_ids(ckpt, CalibOptions(samples=6, seq_len=12, batch=3, first="random", cache=False), "cpu")
+    assert torch.equal(rnd, again)  # seeded (sampled again: the cache left out)
     with pytest.raises(ValueError, match="first: expected one of bos, random"):
         calibration_ids(ckpt, CalibOptions(samples=2, seq_len=8, first="text"), "cpu")
+
+
+def test_sampled_windows_are_kept_and_reused(tiny: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    import os
+    import shutil
+
+    from trit import calibrate
+    from trit.checkpoint import open_checkpoint
+
+    monkeypatch.setenv("TRIT_CACHE", str(tmp_path / "cache"))
+    model = tmp_path / "model"
+    shutil.copytree(tiny, model)
+    calls = []
+    real = calibrate.sample_from_model
+    monkeypatch.setattr(calibrate, "sample_from_model", lambda *a, **kw: calls.append(a[2:]) or real(*a, **kw))
+    opts = CalibOptions(samples=4, seq_len=10, batch=2)
+    first = calibrate.calibration_ids(open_checkpoint(model), opts, "cpu")
+    path = calibrate.sample_cache_path(model, opts, "cpu")
+    assert path.is_file() and path.parent == tmp_path / "cache" / "calib" and len(calls) == 1
+    assert torch.equal(calibrate.calibration_ids(open_checkpoint(model), opts, "cpu"), first) and len(calls) == 1
+    # another seed, another device type, the cache switched off: sampled again
+    calibrate.calibration_ids(open_checkpoint(model), CalibOptions(samples=4, seq_len=10, batch=2, seed=1), "cpu")
+    assert calibrate.sample_cache_path(model, opts, "meta") != path
+    calibrate.calibration_ids(open_checkpoint(model), CalibOptions(samples=4, seq_len=10, batch=2, cache=False), "cpu")
+    assert len(calls) == 3
+    # a checkpoint file changed (its modification time): another key
+    config = model / "config.json"
+    os.utime(config, ns=(config.stat().st_atime_ns, config.stat().st_mtime_ns + 10**9))
+    assert calibrate.sample_cache_path(model, opts, "cpu") != path
+    os.utime(config, ns=(config.stat().st_atime_ns, config.stat().st_mtime_ns - 10**9))
+    # a torn entry: sampled again and replaced
+    path.write_bytes(b"not a tensor")
+    assert torch.equal(calibrate.calibration_ids(open_checkpoint(model), opts, "cpu"), first) and len(calls) == 4
+    assert torch.equal(torch.load(path, weights_only=True), first)
+    assert not list(path.parent.glob("*.tmp-*"))
+    # the newest entries only
+    monkeypatch.setattr(calibrate, "SAMPLE_CACHE_ENTRIES", 2)
+    calibrate.calibration_ids(open_checkpoint(model), CalibOptions(samples=4, seq_len=10, batch=2, seed=2), "cpu")
+    assert len(list(path.parent.glob("*.pt"))) == 2
+
+
+def test_calib_cache_flag() -> None:
+    from trit.cli import _parser
+
+    base = ["quantize", "m", "o", "--method", "gptq"]
+    assert _parser().parse_args(base).calib_cache is True
+    assert _parser().parse_args([*base, "--no-calib-cache"]).calib_cache is False
 
 
 def test_float_target_flag() -> None:

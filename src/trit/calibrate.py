@@ -54,6 +54,7 @@ class CalibOptions:
     seed: int = 0
     batch: int = 8
     first: str = "random"  # data-free: sequences start from BOS and a random token, or from BOS alone ("bos")
+    cache: bool = True  # data-free: keep the sampled windows in $TRIT_CACHE/calib and reuse them
 
 
 def windows_from_text(ids: torch.Tensor, samples: int, seq_len: int) -> torch.Tensor:
@@ -115,18 +116,86 @@ def calibration_text(source: str | Path) -> str:
 
 
 def calibration_ids(ckpt: Checkpoint, opts: CalibOptions, device: str, progress: bool = False) -> torch.Tensor:
+    """The calibration windows ``(S, T)``: from ``opts.file``, or sampled from the float model (data-free).
+
+    Sampled windows are kept in ``$TRIT_CACHE/calib`` (unless ``opts.cache`` is off) under a key of the
+    checkpoint's files (name, size, modification time), the sampling options, the device type and the torch
+    and transformers versions, so that quantizing the same model again with another recipe does not sample
+    again. An unreadable or mismatched entry is sampled again and replaced; the newest
+    :data:`SAMPLE_CACHE_ENTRIES` entries are kept.
+    """
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
     tokenizer = AutoTokenizer.from_pretrained(ckpt.path)
     if opts.file is not None:
         ids = tokenizer(calibration_text(opts.file), return_tensors="pt").input_ids[0]
         return windows_from_text(ids, opts.samples, opts.seq_len)
+    path = sample_cache_path(ckpt.path, opts, device) if opts.cache else None
+    if path is not None:
+        cached = _read_samples(path, opts)
+        if cached is not None:
+            if progress:
+                print(f"calibration: {opts.samples} sampled windows from {path}")
+            return cached
     model = AutoModelForCausalLM.from_pretrained(ckpt.path, dtype=torch.float32).to(device).eval()
     try:
-        return sample_from_model(model, tokenizer, opts.samples, opts.seq_len, opts.seed, opts.batch, progress,
-                                 opts.first)
+        ids = sample_from_model(model, tokenizer, opts.samples, opts.seq_len, opts.seed, opts.batch, progress,
+                                opts.first)
     finally:
         del model
+    if path is not None:
+        _write_samples(path, ids)
+    return ids
+
+
+def sample_cache_path(model_dir: Path | str, opts: CalibOptions, device: str) -> Path:
+    """Where the data-free windows of this model, these options and this device type are kept."""
+    import hashlib
+
+    import transformers
+
+    from trit.cache import cache_dir
+
+    root = Path(model_dir).resolve()
+    parts = [str(root)]
+    for f in sorted(p for p in root.iterdir() if p.is_file() and not p.name.startswith(".")):
+        st = f.stat()
+        parts.append(f"{f.name} {st.st_size} {st.st_mtime_ns}")
+    parts += [f"samples={opts.samples} seq_len={opts.seq_len} seed={opts.seed} batch={opts.batch} first={opts.first}",
+              torch.device(device).type, torch.__version__, transformers.__version__]
+    key = hashlib.sha256("\n".join(parts).encode()).hexdigest()[:32]
+    return cache_dir() / "calib" / f"{key}.pt"
+
+
+def _read_samples(path: Path, opts: CalibOptions) -> torch.Tensor | None:
+    if not path.is_file():
+        return None
+    try:
+        ids = torch.load(path, weights_only=True)
+    except Exception:  # a torn or foreign file: sample again and replace it
+        return None
+    ok = isinstance(ids, torch.Tensor) and ids.dtype == torch.long and tuple(ids.shape) == (opts.samples, opts.seq_len)
+    return ids if ok else None
+
+
+SAMPLE_CACHE_ENTRIES = 64  # the newest entries kept; older ones are removed when a new one is written
+
+
+def _write_samples(path: Path, ids: torch.Tensor) -> None:
+    """Written beside and renamed into place: a reader never sees half a file. A cache that cannot be written
+    is left alone (the windows are still returned)."""
+    import os
+
+    try:
+        path.parent.mkdir(parents=True, exist_ok=True)
+        tmp = path.with_suffix(f".tmp-{os.getpid()}")
+        torch.save(ids.contiguous(), tmp)
+        tmp.replace(path)
+        entries = sorted(path.parent.glob("*.pt"), key=lambda p: p.stat().st_mtime_ns, reverse=True)
+        for old in entries[SAMPLE_CACHE_ENTRIES:]:
+            old.unlink(missing_ok=True)
+    except OSError:
+        pass
 
 
 class _LayerLoader:

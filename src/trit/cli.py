@@ -45,7 +45,8 @@ def quantize_w4a8_cli(args: argparse.Namespace) -> int:
     if ternary_only:
         raise OptionError(f"{', '.join(ternary_only)}: ternary only; --scheme w4a8 is GPTQ on every decoder linear")
     opts = W4A8Options(parse_group_size(args.group_size), args.tensor_parallel_size,
-                       CalibOptions(args.calib, args.calib_samples, args.calib_seq_len, first=args.calib_first), args.act_order, args.damp,
+                       CalibOptions(args.calib, args.calib_samples, args.calib_seq_len, first=args.calib_first,
+                                    cache=args.calib_cache), args.act_order, args.damp,
                        W4A8Options.passes if args.passes is None else args.passes, args.device, args.overwrite)
     print(quantize_w4a8(args.model_dir, args.out_dir, opts, progress=not args.quiet).summary())
     return 0
@@ -58,7 +59,8 @@ def convert_options(args: argparse.Namespace) -> ConvertOptions:
         keep=tuple(k.strip() for k in args.keep.split(",") if k.strip()),
         pad_policy=fmt.PadPolicy(args.pad), scale_dtype=fmt.ScaleDtype(args.scale_dtype),
         overwrite=args.overwrite, device=args.device, planes=args.planes,
-        calib=CalibOptions(args.calib, args.calib_samples, args.calib_seq_len, first=args.calib_first),  # a file or a corpus name
+        calib=CalibOptions(args.calib, args.calib_samples, args.calib_seq_len, first=args.calib_first,
+                           cache=args.calib_cache),  # a file or a corpus name
         act_order=args.act_order, damp=args.damp, float_target=args.float_target,
         passes=ConvertOptions.passes if args.passes is None else args.passes,
     )
@@ -210,6 +212,9 @@ def _quantize_parser(sub) -> None:
     g.add_argument("--calib-first", choices=FIRST, default=d.calib.first,
                    help="data-free: each sampled window starts from BOS and a token drawn at random from the "
                         "vocabulary (random), or from BOS alone (bos)")
+    g.add_argument("--calib-cache", action=argparse.BooleanOptionalAction, default=d.calib.cache,
+                   help="data-free: keep the sampled windows in $TRIT_CACHE/calib and reuse them for the same "
+                        "model, options and device type")
     g.add_argument("--act-order", action=argparse.BooleanOptionalAction, default=d.act_order,
                    help="columns by decreasing Hessian diagonal")
     g.add_argument("--damp", type=float, default=d.damp, help="damping, a fraction of mean(diag(H))")
