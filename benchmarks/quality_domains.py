@@ -9,7 +9,8 @@ command is in its row), with data-free calibration unless the variant names
 a text; each is scored with ``trit eval --ppl wikitext2,gsm8k,python``'s code
 (the first 16 windows of 512 tokens of each corpus's evaluation half), and the
 geometric mean over the three is the figure recipes are chosen on. The
-calibration windows a variant used are rebuilt (same seed, same model) and
+calibration windows a variant used are read back from the calibration cache
+the quantize step wrote (or rebuilt: same seed, same model) and
 checked to share no 32-token sequence with any corpus's evaluation windows
 before a row is reported. Each row also records its size on disk and bits a
 quantized weight (scales included). With ``--gsm8k-limit N`` the variants named
