@@ -1,6 +1,7 @@
 """``trit bench kernels``: ternary linear kernels against bf16 cuBLAS and the reference, on one GPU.
 
-For Llama-3-8B and Qwen2-1.5B layer shapes and M in {1, 4, 16, 64, 256, 2048} it
+For the Llama-3-8B, Qwen2-1.5B and 27B layer shapes (``--models``) and M in {1, 4, 16, 64, 128, 256,
+2048} it
 times, in the same run: the op a loaded layer calls, as it dispatches
 (``trit::linear_tiled`` on the mma layout where the CUDA kernels can run, else
 ``trit::linear`` on format v1), format v1's ``trit::linear`` beside it, bf16
