@@ -102,8 +102,15 @@ def test_every_variant_compiles(arch: str) -> None:
             assert len(cubin) > 1000 and lowered.startswith("_Z8trit_mma"), log
 
 
+# configs a test runs: up to 64 rows, split-K on and off, the fold on and off; above, slices of 32 or 64 tokens
+# (the grid's third dimension) and the heuristic's own config
+CONFIGS = (mma.MmaConfig(1, 1, 1, 3, False), mma.MmaConfig(2, 2, 3, 4, True), mma.MmaConfig(1, 1, 2, 3, False, 8))
+SLICED = (None, mma.MmaConfig(1, 1, 1, 3, False, 4, 8), mma.MmaConfig(4, 2, 2, 3, False, 8, 8),
+          mma.MmaConfig(1, 2, 3, 3, False, 4, 4))
+
+
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a GPU")
-@pytest.mark.parametrize("m", [1, 3, 17, 64])
+@pytest.mark.parametrize("m", [1, 3, 17, 64, 65, 128, 200, 300])
 @pytest.mark.parametrize(("n", "k", "g"), SHAPES)
 def test_the_kernel_matches_the_reference(m: int, n: int, k: int, g: int) -> None:
     packed, scale = random_layer(n, k, g, "cuda")
@@ -112,25 +119,7 @@ def test_the_kernel_matches_the_reference(m: int, n: int, k: int, g: int) -> Non
     want = ref_linear(x, packed, scale, g).float()
     dense = torch.nn.functional.linear(x, mma.unpack_layout(r).to(torch.bfloat16)).float()
     bound = 2 * float((dense - want).norm() / want.norm()) + 1e-3
-    for cfg in (mma.MmaConfig(1, 1, 1, 3, False), mma.MmaConfig(2, 2, 3, 4, True), mma.MmaConfig(1, 1, 2, 3, False, 8)):
-        for _ in range(2):  # twice: split-K leaves its workspace zero for the next call
-            y = mma.linear(x, r, cfg).float()
-            assert float((y - want).norm() / want.norm()) < bound, cfg
-
-
-@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a GPU")
-@pytest.mark.parametrize("m", [65, 128, 200, 300])
-@pytest.mark.parametrize(("n", "k", "g"), SHAPES)
-def test_slices_of_tokens_match_the_reference(m: int, n: int, k: int, g: int) -> None:
-    """Above 64 rows: 32 or 64 tokens a block, the grid's third dimension over the slices, split-K on and off."""
-    packed, scale = random_layer(n, k, g, "cuda")
-    r = mma.repack(packed, scale, g, k)
-    x = torch.randn(m, k, dtype=torch.bfloat16, device="cuda")
-    want = ref_linear(x, packed, scale, g).float()
-    dense = torch.nn.functional.linear(x, mma.unpack_layout(r).to(torch.bfloat16)).float()
-    bound = 2 * float((dense - want).norm() / want.norm()) + 1e-3
-    for cfg in (None, mma.MmaConfig(1, 1, 1, 3, False, 4, 8), mma.MmaConfig(4, 2, 2, 3, False, 8, 8),
-                mma.MmaConfig(1, 2, 3, 3, False, 4, 4)):
+    for cfg in CONFIGS if m <= mma.MAX_M else SLICED:
         for _ in range(2):  # twice: split-K leaves its workspace zero for the next call
             y = mma.linear(x, r, cfg).float()
             err = float((y - want).norm() / want.norm())
