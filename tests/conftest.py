@@ -5,8 +5,10 @@ from __future__ import annotations
 import io
 import json
 import os
+import shutil
 import subprocess
 import sys
+import tempfile
 from contextlib import redirect_stderr, redirect_stdout
 from pathlib import Path
 
@@ -145,6 +147,14 @@ def has_cuda() -> bool:
 
 requires_cuda = pytest.mark.skipif(not has_cuda(), reason="needs a CUDA GPU")
 os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
+# data-free calibration windows the tests sample are kept apart from the user's cache (trit.calibrate), in a
+# folder of this session that subprocesses inherit and the end of the session removes
+_CALIB_CACHE = tempfile.mkdtemp(prefix="trit-test-calib-")
+os.environ["TRIT_CALIB_CACHE"] = _CALIB_CACHE
+
+
+def pytest_sessionfinish(session: pytest.Session, exitstatus: int) -> None:
+    shutil.rmtree(_CALIB_CACHE, ignore_errors=True)
 
 
 def trit(*args: str | Path, check: bool = True, process: bool = False) -> subprocess.CompletedProcess:

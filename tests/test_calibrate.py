@@ -110,6 +110,7 @@ def test_sampled_windows_are_kept_and_reused(tiny: Path, tmp_path: Path, monkeyp
     from trit.checkpoint import open_checkpoint
 
     monkeypatch.setenv("TRIT_CACHE", str(tmp_path / "cache"))
+    monkeypatch.delenv("TRIT_CALIB_CACHE")  # the tests' own folder (conftest): this test looks at the default
     model = tmp_path / "model"
     shutil.copytree(tiny, model)
     calls = []
@@ -139,6 +140,27 @@ def test_sampled_windows_are_kept_and_reused(tiny: Path, tmp_path: Path, monkeyp
     monkeypatch.setattr(calibrate, "SAMPLE_CACHE_ENTRIES", 2)
     calibrate.calibration_ids(open_checkpoint(model), CalibOptions(samples=4, seq_len=10, batch=2, seed=2), "cpu")
     assert len(list(path.parent.glob("*.pt"))) == 2
+    # TRIT_CALIB_CACHE moves the folder
+    monkeypatch.setenv("TRIT_CALIB_CACHE", str(tmp_path / "elsewhere"))
+    assert calibrate.sample_cache_path(model, opts, "cpu").parent == tmp_path / "elsewhere"
+
+
+def test_a_cache_that_cannot_be_written_is_passed_over(tiny: Path, tmp_path: Path,
+                                                       monkeypatch: pytest.MonkeyPatch) -> None:
+    from trit import calibrate
+    from trit.checkpoint import open_checkpoint
+
+    blocked = tmp_path / "calib"
+    blocked.mkdir()
+    monkeypatch.setenv("TRIT_CALIB_CACHE", str(blocked))
+
+    def refuse(obj, f, *a, **kw):
+        Path(f).write_bytes(b"half")  # a torn write, as a full disk leaves it
+        raise RuntimeError("File cannot be opened.")
+
+    monkeypatch.setattr(torch, "save", refuse)
+    ids = calibrate.calibration_ids(open_checkpoint(tiny), CalibOptions(samples=2, seq_len=8, batch=2), "cpu")
+    assert ids.shape == (2, 8) and list(blocked.iterdir()) == []  # the windows, and nothing left behind
 
 
 def test_calib_cache_flag() -> None:

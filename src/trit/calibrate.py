@@ -118,11 +118,13 @@ def calibration_text(source: str | Path) -> str:
 def calibration_ids(ckpt: Checkpoint, opts: CalibOptions, device: str, progress: bool = False) -> torch.Tensor:
     """The calibration windows ``(S, T)``: from ``opts.file``, or sampled from the float model (data-free).
 
-    Sampled windows are kept in ``$TRIT_CACHE/calib`` (unless ``opts.cache`` is off) under a key of the
+    Sampled windows are kept in ``$TRIT_CACHE/calib`` (``$TRIT_CALIB_CACHE`` if set; not at all if
+    ``opts.cache`` is off) under a key of the
     checkpoint's files (name, size, modification time), the sampling options, the device type and the torch
     and transformers versions, so that quantizing the same model again with another recipe does not sample
-    again. An unreadable or mismatched entry is sampled again and replaced; the newest
-    :data:`SAMPLE_CACHE_ENTRIES` entries are kept.
+    again. An unreadable or mismatched entry is sampled again and replaced; the
+    :data:`SAMPLE_CACHE_ENTRIES` most recently used entries are kept; a cache that cannot be written is
+    passed over.
     """
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
@@ -148,13 +150,23 @@ def calibration_ids(ckpt: Checkpoint, opts: CalibOptions, device: str, progress:
     return ids
 
 
+SAMPLER_VERSION = 1  # part of the cache key: bump it when sample_from_model would sample other windows
+CACHE_ENV = "TRIT_CALIB_CACHE"  # the folder of the kept windows, if not $TRIT_CACHE/calib (the tests use one apart)
+
+
+def sample_cache_dir() -> Path:
+    import os
+
+    from trit.cache import cache_dir
+
+    return Path(os.environ.get(CACHE_ENV) or cache_dir() / "calib")
+
+
 def sample_cache_path(model_dir: Path | str, opts: CalibOptions, device: str) -> Path:
     """Where the data-free windows of this model, these options and this device type are kept."""
     import hashlib
 
     import transformers
-
-    from trit.cache import cache_dir
 
     root = Path(model_dir).resolve()
     parts = [str(root)]
@@ -162,9 +174,9 @@ def sample_cache_path(model_dir: Path | str, opts: CalibOptions, device: str) ->
         st = f.stat()
         parts.append(f"{f.name} {st.st_size} {st.st_mtime_ns}")
     parts += [f"samples={opts.samples} seq_len={opts.seq_len} seed={opts.seed} batch={opts.batch} first={opts.first}",
-              torch.device(device).type, torch.__version__, transformers.__version__]
+              torch.device(device).type, torch.__version__, transformers.__version__, f"sampler {SAMPLER_VERSION}"]
     key = hashlib.sha256("\n".join(parts).encode()).hexdigest()[:32]
-    return cache_dir() / "calib" / f"{key}.pt"
+    return sample_cache_dir() / f"{key}.pt"
 
 
 def _read_samples(path: Path, opts: CalibOptions) -> torch.Tensor | None:
@@ -175,10 +187,15 @@ def _read_samples(path: Path, opts: CalibOptions) -> torch.Tensor | None:
     except Exception:  # a torn or foreign file: sample again and replace it
         return None
     ok = isinstance(ids, torch.Tensor) and ids.dtype == torch.long and tuple(ids.shape) == (opts.samples, opts.seq_len)
+    if ok:
+        try:
+            path.touch()  # used now: the pruning keeps the most recently used
+        except OSError:
+            pass
     return ids if ok else None
 
 
-SAMPLE_CACHE_ENTRIES = 64  # the newest entries kept; older ones are removed when a new one is written
+SAMPLE_CACHE_ENTRIES = 64  # the most recently used entries kept; older ones go when a new one is written
 
 
 def _write_samples(path: Path, ids: torch.Tensor) -> None:
@@ -186,16 +203,21 @@ def _write_samples(path: Path, ids: torch.Tensor) -> None:
     is left alone (the windows are still returned)."""
     import os
 
+    tmp = path.with_suffix(f".tmp-{os.getpid()}")
     try:
         path.parent.mkdir(parents=True, exist_ok=True)
-        tmp = path.with_suffix(f".tmp-{os.getpid()}")
-        torch.save(ids.contiguous(), tmp)
+        torch.save(ids.contiguous(), tmp)  # torch's writer raises RuntimeError where the file cannot be written
         tmp.replace(path)
         entries = sorted(path.parent.glob("*.pt"), key=lambda p: p.stat().st_mtime_ns, reverse=True)
         for old in entries[SAMPLE_CACHE_ENTRIES:]:
             old.unlink(missing_ok=True)
-    except OSError:
+    except (OSError, RuntimeError):
         pass
+    finally:
+        try:
+            tmp.unlink(missing_ok=True)
+        except OSError:
+            pass
 
 
 class _LayerLoader:

@@ -105,7 +105,7 @@ def test_every_variant_compiles(arch: str) -> None:
 # configs a test runs: up to 64 rows, split-K on and off, the fold on and off; above, slices of 32 or 64 tokens
 # (the grid's third dimension) and the heuristic's own config
 CONFIGS = (mma.MmaConfig(1, 1, 1, 3, False), mma.MmaConfig(2, 2, 3, 4, True), mma.MmaConfig(1, 1, 2, 3, False, 8))
-SLICED = (None, mma.MmaConfig(1, 1, 1, 3, False, 4, 8), mma.MmaConfig(4, 2, 2, 3, False, 8, 8),
+SLICED = (None, mma.MmaConfig(1, 1, 1, 3, False, 4, 8), mma.MmaConfig(4, 2, 2, 2, False, 8, 8),
           mma.MmaConfig(1, 2, 3, 3, False, 4, 4))
 
 
