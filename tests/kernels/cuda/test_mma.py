@@ -9,6 +9,8 @@ the kernel against the reference on odd shapes.
 
 from __future__ import annotations
 
+from pathlib import Path
+
 import pytest
 import torch
 from cuda_helpers import have_nvrtc, random_layer  # noqa: I001
@@ -90,6 +92,25 @@ def test_configs_and_shared_memory() -> None:
     assert mma.kernel_name(2, cfg, fmt.PER_ROW) == "trit_mma<2, 2, 2, 0, 3, true, 4>"
     with pytest.raises(ValueError, match="groups"):
         mma.repack(*random_layer(16, 96, 48), 48)
+
+
+def test_a_config_too_big_for_the_gpu_is_cut_down_to_fit() -> None:
+    """The shipped table was tuned on an H200 (227 KiB a block); a GPU with 99 KiB runs each config cut down."""
+    import json
+
+    big = mma.MmaConfig(rt=4, ki=2, splits=2, stages=3, fold=False, warps=8, mt=8)
+    assert mma.smem_bytes(8, big, 32) > 200 * 1024
+    for limit in (163 * 1024, 99 * 1024, 47 * 1024):
+        cut = mma.fit_shared_memory(8, big, 32, limit)
+        assert mma.smem_bytes(8, cut, 32) <= limit and cut.splits == big.splits and cut.mt == big.mt
+    assert mma.fit_shared_memory(8, big, 32, 228 * 1024) == big  # fits: unchanged
+    assert mma.fit_shared_memory(8, big, 32, 99 * 1024) == mma.MmaConfig(4, 1, 2, 2, False, 8, 8)  # stages, then ki
+    table = json.loads((Path(mma.__file__).parents[1] / "tuned" / "h200.json").read_text())["configs"]["cuda_mma"]
+    for key, entry in table.items():
+        m, g = int(key.split(",")[0]), int(key.split(",")[3])
+        cfg = mma.MmaConfig(**entry)
+        mt = mma.token_tiles(m, cfg.mt)
+        assert mma.smem_bytes(mt, mma.fit_shared_memory(mt, cfg, g, 99 * 1024 - 1024), g) <= 98 * 1024, key
 
 
 @pytest.mark.skipif(not have_nvrtc(), reason="NVRTC is not installed here (CUDA builds of torch bring it)")

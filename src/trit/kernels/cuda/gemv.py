@@ -17,7 +17,7 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass
-from functools import cache, lru_cache
+from functools import lru_cache
 from pathlib import Path
 
 import torch
@@ -98,13 +98,6 @@ def split_steps(k_steps: int, splits: int) -> tuple[int, int]:
     return per, -(-k_steps // per)
 
 
-@cache
-def max_smem(device: torch.device) -> int:
-    """Dynamic shared memory a block may opt in to on ``device`` (99 KiB on sm_86/89, 163 KiB on sm_80, ...)."""
-    props = torch.cuda.get_device_properties(device)
-    return getattr(props, "shared_memory_per_block_optin", 99 * 1024)
-
-
 def linear(x: torch.Tensor, r: mma.MmaWeights, config: GemvConfig | None = None) -> torch.Tensor:
     """``x`` (M, K) bf16, M <= 4 -> (M, N) bf16 through the CUDA GEMV."""
     import ctypes
@@ -121,7 +114,7 @@ def linear(x: torch.Tensor, r: mma.MmaWeights, config: GemvConfig | None = None)
     mg = token_slots(m)
     cfg = config or heuristic(m, r.row_tiles, r.k_steps, sm_count())
     per, splits = split_steps(r.k_steps, cfg.splits)
-    limit = min(MAX_SMEM, max_smem(x.device) - 1024)
+    limit = min(MAX_SMEM, mma.max_smem(x.device) - 1024)
     while smem_bytes(mg, per, r.group_size) > limit:  # a very long K: more splits, each quantizing less
         per, splits = split_steps(r.k_steps, 2 * splits)
     smem = smem_bytes(mg, per, r.group_size)

@@ -26,8 +26,8 @@ check the layout with it.
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass
-from functools import lru_cache
+from dataclasses import dataclass, replace
+from functools import cache, lru_cache
 from pathlib import Path
 
 import torch
@@ -193,6 +193,31 @@ def smem_bytes(mt: int, cfg: MmaConfig, group_size: int) -> int:
     return cfg.stages * (x + w + s)
 
 
+@cache
+def max_smem(device: torch.device) -> int:
+    """Dynamic shared memory a block may opt in to on ``device`` (99 KiB on sm_86/89, 163 KiB on sm_80, ...)."""
+    props = torch.cuda.get_device_properties(device)
+    return getattr(props, "shared_memory_per_block_optin", 99 * 1024)
+
+
+def fit_shared_memory(mt: int, cfg: MmaConfig, group_size: int, limit: int) -> MmaConfig:
+    """``cfg``, or the nearest config whose shared memory fits ``limit``: fewer stages (down to 2), then fewer
+    128-input steps a chunk, row tiles a warp, warps. The shipped tables were tuned on an H200 (227 KiB a
+    block); a smaller GPU runs their configs cut down to fit instead of failing to launch."""
+    while smem_bytes(mt, cfg, group_size) > limit:
+        if cfg.stages > 2:
+            cfg = replace(cfg, stages=cfg.stages - 1)
+        elif cfg.ki > 1:
+            cfg = replace(cfg, ki=cfg.ki // 2)
+        elif cfg.rt > 1:
+            cfg = replace(cfg, rt=cfg.rt // 2)
+        elif cfg.warps > WARPS:
+            cfg = replace(cfg, warps=WARPS)
+        else:
+            break  # the smallest config (under 40 KiB at 8 token tiles): every CUDA GPU of sm_80 and up holds it
+    return cfg
+
+
 def kernel_name(mt: int, cfg: MmaConfig, group_size: int) -> str:
     gs = 0 if group_size == fmt.PER_ROW else group_size
     return f"trit_mma<{mt}, {cfg.rt}, {cfg.ki}, {gs}, {cfg.stages}, {'true' if cfg.fold else 'false'}, {cfg.warps}>"
@@ -272,6 +297,7 @@ def linear(x: torch.Tensor, r: MmaWeights, config: MmaConfig | None = None) -> t
     x = x.contiguous()
     cfg = config or heuristic(m, r.row_tiles, r.k_steps, sm_count())
     mt = token_tiles(m, cfg.mt)
+    cfg = fit_shared_memory(mt, cfg, r.group_size, max_smem(x.device) - 1024)
     slices = token_slices(m, mt)
     smem = smem_bytes(mt, cfg, r.group_size)
     kern = nvrtc.load(source(), kernel_name(mt, cfg, r.group_size), smem=smem)
