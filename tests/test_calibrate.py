@@ -154,11 +154,13 @@ def test_a_cache_that_cannot_be_written_is_passed_over(tiny: Path, tmp_path: Pat
     blocked.mkdir()
     monkeypatch.setenv("TRIT_CALIB_CACHE", str(blocked))
 
-    def refuse(obj, f, *a, **kw):
-        Path(f).write_bytes(b"half")  # a torn write, as a full disk leaves it
-        raise RuntimeError("File cannot be opened.")
+    real = Path.write_bytes
 
-    monkeypatch.setattr(torch, "save", refuse)
+    def torn(self: Path, data: bytes) -> int:  # half the file, then the disk is full
+        real(self, data[: len(data) // 2])
+        raise OSError(28, "No space left on device")
+
+    monkeypatch.setattr(Path, "write_bytes", torn)
     ids = calibrate.calibration_ids(open_checkpoint(tiny), CalibOptions(samples=2, seq_len=8, batch=2), "cpu")
     assert ids.shape == (2, 8) and list(blocked.iterdir()) == []  # the windows, and nothing left behind
 

@@ -13,3 +13,18 @@ from pathlib import Path
 
 def cache_dir() -> Path:
     return Path(os.environ.get("TRIT_CACHE", Path.home() / ".cache" / "trit"))
+
+
+def write_atomic(path: Path, data: bytes | str) -> None:
+    """Write ``path`` whole or not at all: into a file beside it, then renamed into place, so that a reader
+    never sees half a file; a write that fails (a full disk) leaves nothing behind and raises."""
+    path.parent.mkdir(parents=True, exist_ok=True)
+    tmp = path.with_name(f"{path.name}.tmp-{os.getpid()}")
+    try:
+        if isinstance(data, str):
+            tmp.write_text(data)
+        else:
+            tmp.write_bytes(data)
+        tmp.replace(path)
+    finally:
+        tmp.unlink(missing_ok=True)

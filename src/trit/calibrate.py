@@ -199,25 +199,21 @@ SAMPLE_CACHE_ENTRIES = 64  # the most recently used entries kept; older ones go 
 
 
 def _write_samples(path: Path, ids: torch.Tensor) -> None:
-    """Written beside and renamed into place: a reader never sees half a file. A cache that cannot be written
-    is left alone (the windows are still returned)."""
-    import os
+    """Written whole or not at all (:func:`trit.cache.write_atomic`). A cache that cannot be written is left
+    alone (the windows are still returned)."""
+    import io
 
-    tmp = path.with_suffix(f".tmp-{os.getpid()}")
+    from trit.cache import write_atomic
+
+    buf = io.BytesIO()
+    torch.save(ids.contiguous(), buf)
     try:
-        path.parent.mkdir(parents=True, exist_ok=True)
-        torch.save(ids.contiguous(), tmp)  # torch's writer raises RuntimeError where the file cannot be written
-        tmp.replace(path)
+        write_atomic(path, buf.getvalue())
         entries = sorted(path.parent.glob("*.pt"), key=lambda p: p.stat().st_mtime_ns, reverse=True)
         for old in entries[SAMPLE_CACHE_ENTRIES:]:
             old.unlink(missing_ok=True)
-    except (OSError, RuntimeError):
+    except OSError:
         pass
-    finally:
-        try:
-            tmp.unlink(missing_ok=True)
-        except OSError:
-            pass
 
 
 class _LayerLoader:

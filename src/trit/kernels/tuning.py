@@ -24,7 +24,7 @@ from typing import Any, TypeVar
 
 import torch
 
-from trit.cache import cache_dir
+from trit.cache import cache_dir, write_atomic
 
 C = TypeVar("C")
 SHIPPED = Path(__file__).parent / "tuned"
@@ -92,12 +92,9 @@ def remember(kernel: str, problem_key: str, config: Any, persist: bool = True) -
         tables.setdefault(kernel, {})[problem_key] = asdict(config)
     if persist:
         path = cache_file()
-        path.parent.mkdir(parents=True, exist_ok=True)
         on_disk = json.loads(path.read_text()) if path.is_file() else {"configs": {}}
         on_disk.setdefault("configs", {}).setdefault(kernel, {})[problem_key] = asdict(config)
-        tmp = path.with_suffix(f".tmp-{os.getpid()}")
-        tmp.write_text(json.dumps(on_disk, indent=1, sort_keys=True))
-        tmp.replace(path)
+        write_atomic(path, json.dumps(on_disk, indent=1, sort_keys=True))
 
 
 def graph_time_us(calls: Sequence[Callable[[], object]], reps: int = 10) -> float:

@@ -18,7 +18,7 @@ import sys
 from dataclasses import dataclass
 from pathlib import Path
 
-from trit.cache import cache_dir
+from trit.cache import cache_dir, write_atomic
 
 
 class CudaUnavailable(RuntimeError):
@@ -160,10 +160,7 @@ def load(source: str, name: str, options: tuple[str, ...] = (), smem: int = 0) -
         cubin, lowered = path.read_bytes(), lowered_path.read_text()
     else:
         cubin, lowered, _ = compile_cubin(source, name, arch, options)
-        path.parent.mkdir(parents=True, exist_ok=True)
-        tmp = path.with_suffix(f".tmp{os.getpid()}")
-        tmp.write_bytes(cubin)
-        os.replace(tmp, path)
+        write_atomic(path, cubin)
         lowered_path.write_text(lowered)
     torch.cuda.init()
     torch.empty(1, device="cuda")  # a current context

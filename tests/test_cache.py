@@ -1,0 +1,34 @@
+"""trit.cache: where trit keeps what it makes once, and writing there whole or not at all."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from trit.cache import cache_dir, write_atomic
+
+
+def test_the_cache_folder_follows_trit_cache(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
+    monkeypatch.setenv("TRIT_CACHE", str(tmp_path))
+    assert cache_dir() == tmp_path
+
+
+def test_a_write_is_whole_or_not_at_all(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
+    path = tmp_path / "deep" / "entry.json"
+    write_atomic(path, "first")
+    write_atomic(path, "second")
+    assert path.read_text() == "second" and sorted(p.name for p in path.parent.iterdir()) == ["entry.json"]
+    write_atomic(tmp_path / "blob.bin", b"\x00\x01")
+    assert (tmp_path / "blob.bin").read_bytes() == b"\x00\x01"
+
+    real = Path.write_text
+
+    def torn(self: Path, data: str) -> int:  # half the file, then the disk is full
+        real(self, data[: len(data) // 2])
+        raise OSError(28, "No space left on device")
+
+    monkeypatch.setattr(Path, "write_text", torn)
+    with pytest.raises(OSError, match="No space"):
+        write_atomic(path, "third, never whole")
+    assert path.read_text() == "second" and sorted(p.name for p in path.parent.iterdir()) == ["entry.json"]
