@@ -32,3 +32,19 @@ def test_a_write_is_whole_or_not_at_all(monkeypatch: pytest.MonkeyPatch, tmp_pat
     with pytest.raises(OSError, match="No space"):
         write_atomic(path, "third, never whole")
     assert path.read_text() == "second" and sorted(p.name for p in path.parent.iterdir()) == ["entry.json"]
+
+
+def test_a_tuned_config_persists_through_it(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
+    """trit.kernels.tuning keeps an autotuned config in $TRIT_CACHE/tuned.json, merged with what is there."""
+    import json
+
+    from trit.kernels import tuning
+    from trit.kernels.cuda.mma import MmaConfig
+
+    monkeypatch.setenv("TRIT_CACHE", str(tmp_path))
+    monkeypatch.setattr(tuning, "_TABLES", {})
+    tuning.remember("cuda_mma", "16,64,64,64,bfloat16", MmaConfig(1, 1, 1, 3, False))
+    tuning.remember("cuda_mma", "64,64,64,64,bfloat16", MmaConfig(2, 1, 1, 3, False))
+    on_disk = json.loads((tmp_path / "tuned.json").read_text())["configs"]["cuda_mma"]
+    assert on_disk["16,64,64,64,bfloat16"]["rt"] == 1 and on_disk["64,64,64,64,bfloat16"]["rt"] == 2
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["tuned.json"]
