@@ -6,18 +6,16 @@ from pathlib import Path
 
 import pytest
 
-from trit.bench import decode, kernels
+from trit.bench import kernels
 
 
-@pytest.mark.parametrize("model", list(kernels.SHAPES))
-def test_the_layer_shapes_are_the_models_of_the_other_benchmarks(model: str) -> None:
-    """qkv, o, gate_up and down of each model as ``trit bench decode`` and ``serve`` build it."""
-    c = decode.SHAPES[model]
-    head_dim = c.get("head_dim") or c["hidden_size"] // c["num_attention_heads"]
-    q, kv = c["num_attention_heads"] * head_dim, c["num_key_value_heads"] * head_dim
-    want = (("qkv", q + 2 * kv, c["hidden_size"]), ("o", c["hidden_size"], q),
-            ("gate_up", 2 * c["intermediate_size"], c["hidden_size"]), ("down", c["hidden_size"], c["intermediate_size"]))
-    assert kernels.SHAPES[model] == want
+def test_the_layer_shapes_are_the_models_of_the_other_benchmarks() -> None:
+    """qkv, o, gate_up and down of each model as ``trit bench decode`` and ``serve`` build it (their configs)."""
+    assert kernels.SHAPES == {
+        "llama3-8b": (("qkv", 6144, 4096), ("o", 4096, 4096), ("gate_up", 28672, 4096), ("down", 4096, 14336)),
+        "qwen2-1.5b": (("qkv", 2048, 1536), ("o", 1536, 1536), ("gate_up", 17920, 1536), ("down", 1536, 8960)),
+        "27b": (("qkv", 8192, 5376), ("o", 5376, 4096), ("gate_up", 43008, 5376), ("down", 5376, 21504)),
+    }
 
 
 def test_an_unknown_model_is_refused_by_name(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:

@@ -34,16 +34,22 @@ from pathlib import Path
 import torch
 
 from trit import format as fmt
+from trit.bench import decode
 from trit.bench.guard import DEFAULT_TOLERANCE, Figure, Report, check
 from trit.kernels.cuda import launch as cuda_launch
 from trit.kernels.cuda import mma as cmma
 
-SHAPES = {
-    "llama3-8b": (("qkv", 6144, 4096), ("o", 4096, 4096), ("gate_up", 28672, 4096), ("down", 4096, 14336)),
-    "qwen2-1.5b": (("qkv", 2048, 1536), ("o", 1536, 1536), ("gate_up", 17920, 1536), ("down", 1536, 8960)),
-    # the 27B shape of trit bench serve and decode (hidden 5376, 32 + 2 x 16 heads of 128, MLP 21504)
-    "27b": (("qkv", 8192, 5376), ("o", 5376, 4096), ("gate_up", 43008, 5376), ("down", 5376, 21504)),
-}
+
+def layer_shapes(config: dict) -> tuple[tuple[str, int, int], ...]:
+    """(layer, N, K) of a decoder's four linear shapes (q, k and v fused; gate and up fused), from a model
+    config of :data:`trit.bench.decode.SHAPES`, the models ``trit bench decode`` and ``serve`` build."""
+    hidden, inter = config["hidden_size"], config["intermediate_size"]
+    head_dim = config.get("head_dim") or hidden // config["num_attention_heads"]
+    q, kv = config["num_attention_heads"] * head_dim, config["num_key_value_heads"] * head_dim
+    return ("qkv", q + 2 * kv, hidden), ("o", hidden, q), ("gate_up", 2 * inter, hidden), ("down", hidden, inter)
+
+
+SHAPES = {model: layer_shapes(decode.SHAPES[model]) for model in ("llama3-8b", "qwen2-1.5b", "27b")}
 MS = (1, 4, 16, 64, 128, 256, 2048)
 GROUP = fmt.DEFAULT_GROUP_SIZE
 
