@@ -147,14 +147,17 @@ def has_cuda() -> bool:
 
 requires_cuda = pytest.mark.skipif(not has_cuda(), reason="needs a CUDA GPU")
 os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
-# data-free calibration windows the tests sample are kept apart from the user's cache (trit.calibrate), in a
-# folder of this session that subprocesses inherit and the end of the session removes
-_CALIB_CACHE = tempfile.mkdtemp(prefix="trit-test-calib-")
-os.environ["TRIT_CALIB_CACHE"] = _CALIB_CACHE
+# the tests keep their cache apart from the user's (trit.cache: the native CPU kernel's build, the SmolLM2
+# checkpoint, tuned configs; trit.calibrate: data-free calibration windows), in a folder of this session that
+# subprocesses inherit and the end of the session removes: a run neither reads what an earlier run (or one
+# killed halfway) left there nor fills the user's cache
+_SESSION_CACHE = tempfile.mkdtemp(prefix="trit-test-cache-")
+os.environ["TRIT_CACHE"] = _SESSION_CACHE
+os.environ["TRIT_CALIB_CACHE"] = os.path.join(_SESSION_CACHE, "calib")
 
 
 def pytest_sessionfinish(session: pytest.Session, exitstatus: int) -> None:
-    shutil.rmtree(_CALIB_CACHE, ignore_errors=True)
+    shutil.rmtree(_SESSION_CACHE, ignore_errors=True)
 
 
 def trit(*args: str | Path, check: bool = True, process: bool = False) -> subprocess.CompletedProcess:

@@ -74,3 +74,26 @@ def test_the_op_falls_back_when_the_build_fails(monkeypatch: pytest.MonkeyPatch)
     choice = registry._choose(problem, -1, frozenset())  # not the cached choice
     assert choice.kernel is registry.CPU
     assert ("cpu_native", "not built: OSError: no g++ here") in choice.refused
+
+
+def test_a_build_killed_halfway_does_not_stop_the_next(native) -> None:
+    """torch's lock file, left in the build folder by a builder that was killed, is removed by the next build
+    (which would otherwise wait on it forever) and the extension loads."""
+    stale = cpu_native.build_dir() / "lock"
+    stale.touch()
+    mod = cpu_native._build()
+    assert not stale.exists() and mod.isa() != "none"
+
+
+def test_a_second_builder_waits_then_gives_up(tmp_path) -> None:
+    """While another builder holds the folder (an OS lock, released when its process dies), a build waits for
+    it; past the timeout it raises, which the op turns into the fallback, instead of hanging."""
+    import fcntl
+
+    with open(tmp_path / "trit-build.lock", "a+") as other:
+        fcntl.flock(other, fcntl.LOCK_EX)  # another open file: flock sees a second holder even in this process
+        with pytest.raises(TimeoutError, match="another process has been building"):
+            with cpu_native._build_lock(tmp_path, timeout=0.5):
+                pass
+    with cpu_native._build_lock(tmp_path, timeout=0.5):  # released: taken at once
+        assert (tmp_path / "trit-build.lock").exists()

@@ -12,9 +12,11 @@ path, logging the reason once.
 
 from __future__ import annotations
 
+import contextlib
 import hashlib
 import logging
 import threading
+import time
 
 import torch
 
@@ -23,21 +25,58 @@ from trit.cache import cache_dir
 
 log = logging.getLogger(__name__)
 SOURCE = __file__.removesuffix(".py") + ".cpp"
+BUILD_WAIT_S = 900.0  # seconds to wait for another process building the same extension
 MAX_M = 16  # rows of activations; above, dequantize + one float matmul takes over (cpu_words)
 _LOCK = threading.Lock()
 _STATE: dict = {}  # "module" once built, or "error" once failed
 
 
-def _build():
+def build_dir():
+    """Where the extension is built: ``$TRIT_CACHE/cpu_native/<source hash>-torch<version>``."""
     from pathlib import Path
 
+    digest = hashlib.sha256(Path(SOURCE).read_bytes()).hexdigest()[:12]
+    return cache_dir() / "cpu_native" / f"{digest}-torch{torch.__version__.split('+')[0]}"
+
+
+def _build():
     from torch.utils.cpp_extension import load
 
-    digest = hashlib.sha256(Path(SOURCE).read_bytes()).hexdigest()[:12]
-    build = cache_dir() / "cpu_native" / f"{digest}-torch{torch.__version__.split('+')[0]}"
+    build = build_dir()
     build.mkdir(parents=True, exist_ok=True)
-    return load(name="trit_cpu_native", sources=[SOURCE], extra_cflags=["-O3"], build_directory=str(build),
-                verbose=False)
+    with _build_lock(build):
+        return load(name="trit_cpu_native", sources=[SOURCE], extra_cflags=["-O3"], build_directory=str(build),
+                    verbose=False)
+
+
+@contextlib.contextmanager
+def _build_lock(build, timeout: float = BUILD_WAIT_S):
+    """One builder at a time across processes, by an OS lock that dies with its holder.
+
+    torch's own lock is a file that a builder removes when it finishes: a builder killed halfway (Ctrl-C, a
+    timeout's SIGKILL) leaves it behind, and every later ``load`` of that folder waits on it forever. Holding
+    this lock, no other trit process is building, so a ``lock`` file found in the folder is such a leftover
+    and is removed. Waiting longer than ``timeout`` for another builder raises (the op then falls back)."""
+    import fcntl
+
+    with open(build / "trit-build.lock", "a+") as fh:
+        deadline = time.monotonic() + timeout
+        while True:
+            try:
+                fcntl.flock(fh, fcntl.LOCK_EX | fcntl.LOCK_NB)
+                break
+            except BlockingIOError:
+                if time.monotonic() > deadline:
+                    raise TimeoutError(f"another process has been building {build} for over {timeout:.0f} s") from None
+                time.sleep(0.2)
+        try:
+            stale = build / "lock"
+            if stale.exists():
+                log.warning("trit: removing %s, left by a build that did not finish", stale)
+                stale.unlink(missing_ok=True)
+            yield
+        finally:
+            fcntl.flock(fh, fcntl.LOCK_UN)
 
 
 def module():
