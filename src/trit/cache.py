@@ -8,6 +8,7 @@ checkpoints and the kernel configs tuned on this machine
 from __future__ import annotations
 
 import os
+import threading
 from pathlib import Path
 
 
@@ -17,9 +18,10 @@ def cache_dir() -> Path:
 
 def write_atomic(path: Path, data: bytes | str) -> None:
     """Write ``path`` whole or not at all: into a file beside it, then renamed into place, so that a reader
-    never sees half a file; a write that fails (a full disk) leaves nothing behind and raises."""
+    never sees half a file; a write that fails (a full disk) leaves nothing behind and raises. The temporary
+    name holds the process and the thread, so that writers of the same path never share it."""
     path.parent.mkdir(parents=True, exist_ok=True)
-    tmp = path.with_name(f"{path.name}.tmp-{os.getpid()}")
+    tmp = path.with_name(f"{path.name}.tmp-{os.getpid()}-{threading.get_ident()}")
     try:
         if isinstance(data, str):
             tmp.write_text(data)
