@@ -58,6 +58,14 @@ def nvrtc() -> ctypes.CDLL:
     return _NVRTC
 
 
+def version() -> tuple[int, int]:
+    """NVRTC's (major, minor); raises :class:`CudaUnavailable` where it is not installed."""
+    lib = nvrtc()
+    major, minor = ctypes.c_int(), ctypes.c_int()
+    lib.nvrtcVersion(ctypes.byref(major), ctypes.byref(minor))
+    return major.value, minor.value
+
+
 def _nvrtc_check(code: int, what: str) -> None:
     if code != 0:
         lib = nvrtc()
@@ -142,26 +150,66 @@ class Kernel:
 _LOADED: dict[tuple[str, str, str, tuple[str, ...], int], Kernel] = {}
 
 
-def load(source: str, name: str, options: tuple[str, ...] = (), smem: int = 0) -> Kernel:
-    """Compile (or take from the disk cache) and load ``name`` for the current GPU."""
+def _arch(arch_suffix: str = "") -> str:
+    import torch
+
+    major, minor = torch.cuda.get_device_capability(torch.cuda.current_device())
+    return f"sm_{major}{minor}{arch_suffix}"
+
+
+def _cubin_path(source: str, name: str, arch: str, options: tuple[str, ...]) -> Path:
+    digest = hashlib.sha256("\0".join([source, name, arch, *options]).encode()).hexdigest()[:24]
+    return cache_dir() / "cuda" / f"{digest}.cubin"
+
+
+def _compile_to_cache(source: str, name: str, arch: str, options: tuple[str, ...]) -> tuple[bytes, str]:
+    path = _cubin_path(source, name, arch, options)
+    lowered_path = path.with_suffix(".name")
+    if path.exists() and lowered_path.exists():
+        return path.read_bytes(), lowered_path.read_text()
+    cubin, lowered, _ = compile_cubin(source, name, arch, options)
+    write_atomic(path, cubin)
+    write_atomic(lowered_path, lowered)
+    return cubin, lowered
+
+
+def precompile(source: str, names: list[str], options: tuple[str, ...] = (), arch_suffix: str = "",
+               threads: int | None = None) -> dict[str, str]:
+    """Compile the kernels ``names`` of ``source`` for the current GPU into the disk cache, several at once
+    (NVRTC runs outside the GIL), so that tuning over many configs does not wait for each in turn. Returns the
+    names that failed, with NVRTC's message: a warm-up, so a failure is left for the kernel's own load to
+    raise (tuning passes over a config that cannot run)."""
+    from concurrent.futures import ThreadPoolExecutor
+
+    arch = _arch(arch_suffix)
+    todo = sorted({n for n in names if not (_cubin_path(source, n, arch, options).exists()
+                                            and _cubin_path(source, n, arch, options).with_suffix(".name").exists())})
+
+    def one(name: str) -> str | None:
+        try:
+            _compile_to_cache(source, name, arch, options)
+        except CudaUnavailable as e:
+            return str(e)
+        return None
+
+    if not todo:
+        return {}
+    with ThreadPoolExecutor(threads or min(16, os.cpu_count() or 1)) as pool:
+        return {n: why for n, why in zip(todo, pool.map(one, todo), strict=True) if why is not None}
+
+
+def load(source: str, name: str, options: tuple[str, ...] = (), smem: int = 0, arch_suffix: str = "") -> Kernel:
+    """Compile (or take from the disk cache) and load ``name`` for the current GPU (``arch_suffix`` "a": its
+    architecture-specific target, as ``wgmma`` needs: ``sm_90a``)."""
     import torch
 
     dev = torch.cuda.current_device()
-    major, minor = torch.cuda.get_device_capability(dev)
-    arch = f"sm_{major}{minor}"
+    arch = _arch(arch_suffix)
     key = (source, name, arch, options, dev)
     if key in _LOADED:
         _LOADED[key].allow_smem(smem)
         return _LOADED[key]
-    digest = hashlib.sha256("\0".join([source, name, arch, *options]).encode()).hexdigest()[:24]
-    path = cache_dir() / "cuda" / f"{digest}.cubin"
-    lowered_path = path.with_suffix(".name")
-    if path.exists() and lowered_path.exists():
-        cubin, lowered = path.read_bytes(), lowered_path.read_text()
-    else:
-        cubin, lowered, _ = compile_cubin(source, name, arch, options)
-        write_atomic(path, cubin)
-        lowered_path.write_text(lowered)
+    cubin, lowered = _compile_to_cache(source, name, arch, options)
     torch.cuda.init()
     torch.empty(1, device="cuda")  # a current context
     module, func = ctypes.c_void_p(), ctypes.c_void_p()
