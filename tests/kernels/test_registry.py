@@ -60,8 +60,15 @@ def test_the_two_layouts_go_to_their_own_kernels(monkeypatch: pytest.MonkeyPatch
 
     monkeypatch.setattr(launch, "unavailable", lambda: None)
     monkeypatch.setattr(tuning, "_TABLES", {})
+    monkeypatch.setattr(launch, "_wgmma_support", lambda dev: "wgmma needs sm_90 (Hopper); this GPU is sm_89")
+    monkeypatch.setattr(torch.cuda, "current_device", lambda: 0)
     for m, name in ((1, "cuda_gemv"), (launch.GEMV_MAX_M, "cuda_gemv"), (launch.GEMV_MAX_M + 1, "cuda_mma"),
                     (64, "cuda_mma"), (65, "cuda_dequant_cublas"), (4096, "cuda_dequant_cublas")):
+        p = registry.Problem(m, 4096, 4096, 64, "cuda", torch.bfloat16, layout="mma")
+        assert next(k.name for k in registry.CUDA if k.refuse(p) is None) == name, m
+    monkeypatch.setattr(launch, "_wgmma_support", lambda dev: None)  # an sm_90 GPU: wgmma from 64 to 256 rows
+    for m, name in ((launch.GEMV_MAX_M + 1, "cuda_mma"), (63, "cuda_mma"), (64, "cuda_wgmma"), (256, "cuda_wgmma"),
+                    (257, "cuda_dequant_cublas")):
         p = registry.Problem(m, 4096, 4096, 64, "cuda", torch.bfloat16, layout="mma")
         assert next(k.name for k in registry.CUDA if k.refuse(p) is None) == name, m
     half = registry.Problem(1, 4096, 4096, 64, "cuda", torch.float16, layout="mma")
@@ -73,6 +80,8 @@ def test_the_tuned_table_picks_among_the_mma_layouts_kernels(monkeypatch: pytest
     from trit.kernels.cuda import launch
 
     monkeypatch.setattr(launch, "unavailable", lambda: None)
+    monkeypatch.setattr(launch, "_wgmma_support", lambda dev: None)
+    monkeypatch.setattr(torch.cuda, "current_device", lambda: 0)
     monkeypatch.setattr(tuning, "_TABLES", {"choice_mma": {}})
     first = {}
     for m in (2, 4, 32):
@@ -90,6 +99,8 @@ def test_the_mma_kernel_takes_more_than_64_rows_only_where_the_table_chose_it(mo
     from trit.kernels.cuda import launch
 
     monkeypatch.setattr(launch, "unavailable", lambda: None)
+    monkeypatch.setattr(launch, "_wgmma_support", lambda dev: "wgmma needs sm_90 (Hopper); this GPU is sm_80")
+    monkeypatch.setattr(torch.cuda, "current_device", lambda: 0)
     monkeypatch.setattr(tuning, "_TABLES", {"choice_mma": {}})
     p = registry.Problem(100, 4096, 4096, 64, "cuda", torch.bfloat16, layout="mma")
     assert "no tuned choice" in launch.refuse_mma(p)
@@ -113,3 +124,31 @@ def test_a_choice_recorded_before_the_tables_are_read_is_kept(monkeypatch: pytes
     assert tuning.preferred(key, "choice_mma") == "cuda_mma"
     assert tuning.lookup("cuda_mma", key, mma.MmaConfig) == mma.MmaConfig(1, 1, 1, 3, False, 4, 8)
     assert tuning.preferred(tuning.key(1, 4096, 4096, 64, torch.bfloat16), "choice_mma") == "cuda_gemv"  # shipped
+
+
+def test_a_tuned_choice_that_cannot_run_here_is_passed_over(monkeypatch: pytest.MonkeyPatch) -> None:
+    """The shipped table was measured on an H200: where it names cuda_wgmma and this GPU has no wgmma (or the
+    kernel is switched off), the rules decide, instead of every other kernel deferring to the absent one."""
+    from trit.kernels import tuning
+    from trit.kernels.cuda import launch
+
+    monkeypatch.setattr(launch, "unavailable", lambda: None)
+    monkeypatch.setattr(torch.cuda, "current_device", lambda: 0)
+    monkeypatch.setattr(tuning, "_TABLES", {"choice_mma": {}})
+    problems = [registry.Problem(m, 4096, 4096, 64, "cuda", torch.bfloat16, layout="mma") for m in (16, 64)]
+    for p in problems:
+        tuning.prefer(tuning.key(p.m, p.n, p.k, p.group_size, p.dtype), "cuda_wgmma", "choice_mma")
+
+    def first(p: registry.Problem) -> str:
+        return next(k.name for k in registry.CUDA if k.name not in registry.disabled() and k.refuse(p) is None)
+
+    monkeypatch.setattr(launch, "_wgmma_support", lambda dev: None)  # Hopper: the table's choice
+    assert [first(p) for p in problems] == ["cuda_wgmma", "cuda_wgmma"]
+    monkeypatch.setattr(launch, "_wgmma_support", lambda dev: "wgmma needs sm_90 (Hopper); this GPU is sm_80")
+    assert [first(p) for p in problems] == ["cuda_mma", "cuda_mma"]  # not dequantize + cuBLAS
+    monkeypatch.setattr(launch, "_wgmma_support", lambda dev: None)
+    registry.disable("cuda_wgmma")
+    try:
+        assert [first(p) for p in problems] == ["cuda_mma", "cuda_mma"]
+    finally:
+        registry.disable()

@@ -100,6 +100,7 @@ def _triton_candidates() -> tuple[Kernel, ...]:
 
 CUDA = (
     Kernel("cuda_gemv", cuda_launch.refuse_gemv, None, tiled=cuda_launch.run_gemv),
+    Kernel("cuda_wgmma", cuda_launch.refuse_wgmma, None, tiled=cuda_launch.run_wgmma),
     Kernel("cuda_mma", cuda_launch.refuse_mma, None, tiled=cuda_launch.run_mma),
     Kernel("cuda_dequant_cublas", cuda_launch.refuse_dequant, None, tiled=cuda_launch.run_dequant),
 )
@@ -120,6 +121,11 @@ def _refusal(kernel: Kernel, problem: Problem) -> str | None:
 
 _DISABLED: frozenset[str] = frozenset(n.strip() for n in os.environ.get("TRIT_DISABLE_KERNELS", "").split(",")
                                       if n.strip())
+
+
+def disabled() -> frozenset[str]:
+    """The kernels switched off (``TRIT_DISABLE_KERNELS``, :func:`disable`)."""
+    return _DISABLED
 
 
 def disable(*names: str) -> None:

@@ -6,9 +6,10 @@ from __future__ import annotations
 import pytest
 import torch
 
+import trit.ops  # noqa: F401  (registers trit::linear_tiled)
 from trit import format as fmt
 from trit.kernels import registry
-from trit.kernels.cuda import launch, mma
+from trit.kernels.cuda import launch, mma, wgmma
 from trit.kernels.reference import linear as ref_linear
 from trit.synthetic import random_packed
 
@@ -27,8 +28,10 @@ def test_each_size_runs_its_kernel_and_matches_the_reference(m: int, n: int, k: 
     bias = torch.randn(n, dtype=torch.bfloat16, device="cuda")
     problem = registry.Problem(2 * m, n, k, g, "cuda", torch.bfloat16, layout="mma")
     chosen = registry.choose_kernel(problem).kernel.name
-    want_kernel = ("cuda_gemv" if 2 * m <= launch.GEMV_MAX_M else "cuda_mma" if 2 * m <= mma.MAX_M
-                   else "cuda_dequant_cublas")
+    hopper = launch._wgmma_support(torch.cuda.current_device()) is None
+    want_kernel = ("cuda_gemv" if 2 * m <= launch.GEMV_MAX_M else
+                   "cuda_wgmma" if hopper and wgmma.MIN_M <= 2 * m <= wgmma.MAX_M else
+                   "cuda_mma" if 2 * m <= mma.MAX_M else "cuda_dequant_cublas")
     assert chosen == want_kernel
     y = torch.ops.trit.linear_tiled(x, r.wq, r.sc, n, g, bias).float()
     want = ref_linear(x, packed, scale, g, bias).float()

@@ -13,11 +13,10 @@ from pathlib import Path
 
 import pytest
 import torch
-from cuda_helpers import have_nvrtc, random_layer  # noqa: I001
+from cuda_helpers import check_layout_kernel, have_nvrtc, random_layer  # noqa: I001
 
 from trit import format as fmt
 from trit.kernels.cuda import mma, nvrtc
-from trit.kernels.reference import linear as ref_linear
 
 SHAPES = [(34, 128, 64), (64, 576, 64), (33, 192, fmt.PER_ROW), (130, 256, 32), (50, 640, 128), (17, 1000, -1)]
 
@@ -61,6 +60,13 @@ def test_the_bits_sit_where_the_docstring_says() -> None:
 
 def _bf16(bits: int) -> float:
     return float(torch.tensor([bits], dtype=torch.int32).to(torch.int16).view(torch.bfloat16).float())
+
+
+@pytest.mark.parametrize(("n", "k", "g"), SHAPES)
+def test_a_shape_only_layout_has_the_repacked_ones_tiles(n: int, k: int, g: int) -> None:
+    r = mma.repack(*random_layer(n, k, g), g, k)
+    s = mma.shape_only(n, k, g)
+    assert (s.row_tiles, s.k_steps, s.scale_groups, s.n, s.k) == (r.row_tiles, r.k_steps, r.scale_groups, r.n, r.k)
 
 
 def test_the_decode_constants_are_exact() -> None:
@@ -134,17 +140,7 @@ SLICED = (None, mma.MmaConfig(1, 1, 1, 3, False, 4, 8), mma.MmaConfig(4, 2, 2, 2
 @pytest.mark.parametrize("m", [1, 3, 17, 64, 65, 128, 200, 300])
 @pytest.mark.parametrize(("n", "k", "g"), SHAPES)
 def test_the_kernel_matches_the_reference(m: int, n: int, k: int, g: int) -> None:
-    packed, scale = random_layer(n, k, g, "cuda")
-    r = mma.repack(packed, scale, g, k)
-    x = torch.randn(m, k, dtype=torch.bfloat16, device="cuda")
-    want = ref_linear(x, packed, scale, g).float()
-    dense = torch.nn.functional.linear(x, mma.unpack_layout(r).to(torch.bfloat16)).float()
-    bound = 2 * float((dense - want).norm() / want.norm()) + 1e-3
-    for cfg in CONFIGS if m <= mma.MAX_M else SLICED:
-        for _ in range(2):  # twice: split-K leaves its workspace zero for the next call
-            y = mma.linear(x, r, cfg).float()
-            err = float((y - want).norm() / want.norm())
-            assert err < bound, (cfg, err)
+    check_layout_kernel(mma.linear, CONFIGS if m <= mma.MAX_M else SLICED, m, n, k, g)
 
 
 def test_a_larger_workspace_keeps_the_smaller_one_alive(monkeypatch: pytest.MonkeyPatch) -> None:

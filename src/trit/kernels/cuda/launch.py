@@ -4,8 +4,9 @@ A layer is held in one layout. Where :func:`tile_refusal` finds nothing against
 it, the runtime and the vLLM plugin repack each layer once, at load
 (:func:`trit.kernels.cuda.mma.repack`), and the layer's forward calls
 ``trit::linear_tiled``; these kernels take it from there: the dp2a GEMV for a
-few rows, the tensor-core GEMM up to 64 rows (further where the tuned table
-measured it faster), dequantize + cuBLAS above. Each
+few rows, the mma.sync GEMM up to 64 rows (on Hopper, up to 63: the wgmma GEMM
+takes 64 to 256), each further where the tuned table measured it faster, and
+dequantize + cuBLAS above. Each
 refusal says why, as the Triton candidates' do. Where NVRTC cannot compile
 (no CUDA build of torch, no ``nvidia-cuda-nvrtc``), nothing is repacked and
 the Triton kernels read format v1 as before: the reason is logged once.
@@ -20,7 +21,7 @@ import os
 import torch
 
 from trit.kernels import tuning
-from trit.kernels.cuda import gemv, mma
+from trit.kernels.cuda import gemv, mma, wgmma
 
 log = logging.getLogger(__name__)
 
@@ -103,8 +104,24 @@ def _refusal(p, max_m: int, what: str) -> str | None:
 
 
 def _choice(p) -> str | None:
-    """The mma-layout kernel the tuned table measured fastest for this problem, if it holds one."""
-    return tuning.preferred(tuning.key(p.m, p.n, p.k, p.group_size, p.dtype), "choice_mma")
+    """The mma-layout kernel the tuned table measured fastest for this problem, if it holds one and that kernel
+    can take the problem here: the shipped table was measured on an H200, so on another GPU (no wgmma) or with
+    the kernel switched off its choice is passed over and the rules decide, rather than sending the layer past
+    every kernel the table did not name."""
+    choice = tuning.preferred(tuning.key(p.m, p.n, p.k, p.group_size, p.dtype), "choice_mma")
+    return choice if choice is None or _usable(choice, p) else None
+
+
+def _usable(name: str, p) -> bool:
+    from trit.kernels import registry
+
+    if name in registry.disabled():
+        return False
+    if name == "cuda_wgmma":
+        return _wgmma_support(torch.cuda.current_device()) is None
+    if name == "cuda_gemv":
+        return p.m <= gemv.MAX_M
+    return True
 
 
 def _prefers_other(choice: str | None, name: str) -> str | None:
@@ -125,6 +142,23 @@ def refuse_mma(p) -> str | None:
     limit = 1 << 62 if choice == "cuda_mma" else mma.MAX_M
     return _refusal(p, limit, f"no tuned choice of the mma kernel, which takes up to {mma.MAX_M} rows as a rule") \
         or _prefers_other(choice, "cuda_mma")
+
+
+@functools.cache
+def _wgmma_support(device_index: int) -> str | None:
+    return wgmma.supported(torch.device("cuda", device_index))
+
+
+def refuse_wgmma(p) -> str | None:
+    why = _refusal(p, 1 << 62, "")
+    if why is None:
+        why = _wgmma_support(torch.cuda.current_device())
+    if why is not None:
+        return why
+    choice = _choice(p)
+    if choice is None and not wgmma.MIN_M <= p.m <= wgmma.MAX_M:
+        return f"M = {p.m}: without a tuned choice it takes {wgmma.MIN_M} to {wgmma.MAX_M} rows"
+    return _prefers_other(choice, "cuda_wgmma")
 
 
 def refuse_dequant(p) -> str | None:
@@ -154,6 +188,11 @@ def run_gemv(x: torch.Tensor, r: mma.MmaWeights, bias: torch.Tensor | None) -> t
 def run_mma(x: torch.Tensor, r: mma.MmaWeights, bias: torch.Tensor | None) -> torch.Tensor:
     x2 = _flat(x)
     return _finish(mma.linear(x2, r, _tuned("cuda_mma", x2, r, mma.MmaConfig)), x, bias)
+
+
+def run_wgmma(x: torch.Tensor, r: mma.MmaWeights, bias: torch.Tensor | None) -> torch.Tensor:
+    x2 = _flat(x)
+    return _finish(wgmma.linear(x2, r, _tuned("cuda_wgmma", x2, r, wgmma.WgmmaConfig)), x, bias)
 
 
 def run_dequant(x: torch.Tensor, r: mma.MmaWeights, bias: torch.Tensor | None) -> torch.Tensor:

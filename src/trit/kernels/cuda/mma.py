@@ -121,6 +121,15 @@ def repack(packed: torch.Tensor, scale: torch.Tensor, group_size: int, in_featur
     return MmaWeights(wq, sc, n, k, group_size)
 
 
+def shape_only(n: int, k: int, group_size: int) -> MmaWeights:
+    """An (N, K) layer's layout with no data (``meta`` tensors of the right shapes), for what reads only its
+    tile counts: configs, heuristics, the SASS guard."""
+    nt, ks = tiles(n, k)
+    gp = 1 if group_size == fmt.PER_ROW else -(-(ks * K_STEP) // fmt.group_width(group_size, ks * K_STEP))
+    return MmaWeights(torch.empty(nt, ks, 32, 4, dtype=torch.int32, device="meta"),
+                      torch.empty(nt, gp, 8, dtype=torch.int32, device="meta"), n, k, group_size)
+
+
 def layout_codes(r: MmaWeights) -> torch.Tensor:
     """The codes ``c = w + 1`` (NT 16, KS 128) int64 as the layout holds them, padding included."""
     nt, ks = r.row_tiles, r.k_steps

@@ -1,0 +1,201 @@
+"""The mma layout's product on Hopper's warpgroup MMA (``wgmma.cu``, sm_90a): 16 to 256 tokens a block.
+
+Same layout as :mod:`trit.kernels.cuda.mma` (nothing is repacked again): each warp
+decodes the A fragments of its 16-row tiles into registers, and the tokens are
+the wgmma's N, read from shared memory in the 128-byte swizzle. It runs on sm_90
+only (``wgmma`` needs the ``sm_90a`` target); elsewhere the mma.sync kernel and
+dequantize + cuBLAS keep these sizes.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass, replace
+from functools import lru_cache
+from pathlib import Path
+
+import torch
+
+from trit import format as fmt
+from trit.kernels.cuda import mma
+
+SOURCE_FILE = Path(__file__).with_name("wgmma.cu")
+TOKENS = (16, 32, 64, 128, 256)  # the wgmma widths a block can take (N of m64nNk16)
+MIN_M, MAX_M = 64, 256  # without a tuned choice, it takes these M on sm_90 (the tuned tables say where else)
+TUNE_MIN_M = 16  # `trit bench kernels` times it from here to mma.TUNE_MAX_M
+SMEM_LIMIT = 220 * 1024  # dynamic shared memory a config may take (sm_90 opts in to 227 KiB a block)
+ARCH = (9, 0)  # wgmma.mma_async: sm_90a only (Blackwell has tcgen05 instead)
+
+
+def _wrapper(n: int) -> str:
+    """``wgmma_bf16<n>``: one m64n{n}k16 MMA, A (bf16) from registers, B from shared memory, D += A B in fp32."""
+    d = n // 2
+    outs = ", ".join(f"%{i}" for i in range(d))
+    body = (f"{{ .reg .pred p; setp.ne.b32 p, %{d + 5}, 0; "
+            f"wgmma.mma_async.sync.aligned.m64n{n}k16.f32.bf16.bf16 {{{outs}}}, "
+            f"{{%{d}, %{d + 1}, %{d + 2}, %{d + 3}}}, %{d + 4}, p, 1, 1, 0; }}")
+    cons = ", ".join(f'"+f"(c[{i}])' for i in range(d))
+    return (f"template <> __device__ __forceinline__ void wgmma_bf16<{n}>(float* c, const u32* a, "
+            f"unsigned long long desc) {{\n"
+            f'    asm volatile("{body}" : {cons} : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "l"(desc), "r"(1));\n}}\n')
+
+
+@lru_cache(maxsize=1)
+def source() -> str:
+    head = "template <int N> __device__ __forceinline__ void wgmma_bf16(float* c, const u32* a, unsigned long long desc);\n"
+    return mma.source() + "\n" + head + "".join(_wrapper(n) for n in TOKENS) + "\n" + SOURCE_FILE.read_text()
+
+
+@dataclass(frozen=True)
+class WgmmaConfig:
+    """``ntok`` tokens a block, ``rt`` row tiles of 16 a warp, ``ki`` 128-input steps a chunk, ``splits`` of K,
+    ``stages`` of the shared-memory ring, ``warps`` a block (a multiple of 4 ``ki``)."""
+
+    ntok: int = 128
+    rt: int = 1
+    ki: int = 1
+    splits: int = 1
+    stages: int = 3
+    warps: int = 8
+
+
+def x_stage_offsets(cfg: WgmmaConfig) -> torch.Tensor:
+    """Where ``wgmma.cu``'s copy puts a chunk's activations in a stage: the byte offset of (token, input), an
+    (ntok, 128 ki) int64 tensor, from the kernel's own index arithmetic (thread T copies the 16-byte piece
+    ``T % (KC / 8)`` of tokens ``T / (KC / 8) + p RPP``). The CPU tests hold it to the 128-byte swizzle that
+    the descriptors ask the tensor cores to read."""
+    kc_total = cfg.ki * mma.K_STEP
+    threads, pieces = cfg.warps * 32, kc_total // 8
+    rows_a_pass = threads // pieces
+    off = torch.full((cfg.ntok, kc_total), -1, dtype=torch.int64)
+    for tid in range(threads):
+        kc, n0 = tid % pieces, tid // pieces
+        x_off = (kc // 8) * cfg.ntok * 128 + n0 * 128 + ((kc % 8) ^ (n0 & 7)) * 16
+        for p in range(cfg.ntok // rows_a_pass):
+            off[n0 + p * rows_a_pass, kc * 8: kc * 8 + 8] = x_off + p * rows_a_pass * 128 + 2 * torch.arange(8)
+    return off
+
+
+def smem_bytes(cfg: WgmmaConfig, group_size: int) -> int:
+    x = cfg.ntok * cfg.ki * mma.K_STEP * 2
+    w = cfg.warps * cfg.rt * cfg.ki * 512
+    s = 0 if group_size == fmt.PER_ROW else cfg.warps * cfg.rt * (cfg.ki * mma.K_STEP // group_size) * 32
+    return cfg.stages * (-(-(x + w + s) // 1024) * 1024) + 1024  # stages on 1024-byte boundaries
+
+
+def kernel_name(cfg: WgmmaConfig, group_size: int) -> str:
+    gs = 0 if group_size == fmt.PER_ROW else group_size
+    return f"trit_wgmma<{cfg.ntok}, {cfg.rt}, {cfg.ki}, {gs}, {cfg.stages}, {cfg.warps}>"
+
+
+def valid(cfg: WgmmaConfig) -> bool:
+    """Whole warpgroups; copy passes of whole 8-token groups that cover the tokens; 3 stages or more; at most 4
+    128-input steps a chunk (a warp copies the chunk's scales, 16 groups of 32 at most); accumulators that leave
+    registers for the rest (rt * ntok / 2 <= 128): ``wgmma.cu``'s static asserts and its register budget."""
+    threads = cfg.warps * 32
+    if cfg.ntok not in TOKENS or cfg.warps % 4 or cfg.stages < 3 or cfg.rt * cfg.ntok > 256 or cfg.ki > 4:
+        return False
+    if threads % (cfg.ki * mma.K_STEP):
+        return False
+    rows_a_pass = threads // (cfg.ki * mma.K_STEP // 8)
+    return rows_a_pass % 8 == 0 and cfg.ntok % rows_a_pass == 0 and cfg.ntok // rows_a_pass <= 32
+
+
+def _stages(cfg: WgmmaConfig, group_size: int) -> int | None:
+    """The most stages (up to 6) whose shared memory fits :data:`SMEM_LIMIT`, if 3 fit."""
+    return next((st for st in (6, 5, 4, 3) if smem_bytes(replace(cfg, stages=st), group_size) <= SMEM_LIMIT), None)
+
+
+def _token_widths(m: int) -> tuple[int, ...]:
+    """Tokens a block worth trying for M rows: the fewest that hold M, and for M > 64 the width below it."""
+    fit = next((t for t in TOKENS[:-1] if m <= t), 128)
+    return (fit,) if m <= 64 else (64, 128) if m <= 128 else (128, 256)
+
+
+def configs_for(m: int, r: mma.MmaWeights, sms: int) -> list[WgmmaConfig]:
+    """The search space of tuning (``trit bench kernels``) for M rows of layer ``r``."""
+    out = []
+    for ntok in _token_widths(m):
+        for rt in (1, 2):
+            for warps, ki in ((4, 1), (8, 1), (8, 2)):
+                cfg = WgmmaConfig(ntok, rt, ki, 1, 3, warps)
+                stages = _stages(cfg, r.group_size)
+                if stages is None or not valid(cfg):
+                    continue
+                blocks, chunks = mma.grid(r.row_tiles, r.k_steps, warps, rt, ki)
+                blocks *= -(-m // ntok)
+                for sk in (1, 2, 4):
+                    if sk == 1 or (sk <= chunks // 2 and blocks * sk <= 4 * sms):
+                        out.append(replace(cfg, splits=sk, stages=stages))
+    return out
+
+
+def heuristic(m: int, r: mma.MmaWeights, sms: int) -> WgmmaConfig:
+    """A config without tuning, after what tuning on the H200 chose: the fewest tokens a block (16, 32, 64) that
+    hold M up to 64 rows, else 128;
+    eight warps, two row tiles a warp where that still gives every SM a block, one 128-input step a chunk and
+    as many stages as fit; K split (up to 4) until there are two blocks an SM."""
+    ntok = _token_widths(min(m, 128))[-1] if m > 64 else _token_widths(m)[0]
+    slices = -(-m // ntok)
+    rt = 2 if mma.grid(r.row_tiles, r.k_steps, 8, 2, 1)[0] * slices >= sms and ntok <= 128 else 1
+    cfg = WgmmaConfig(ntok, rt, 1, 1, 3, 8)
+    blocks, chunks = mma.grid(r.row_tiles, r.k_steps, 8, rt, 1)
+    blocks *= slices
+    splits = 1 if blocks >= sms else max(1, min(4, chunks // 2, math.ceil(2 * sms / blocks)))
+    return replace(cfg, splits=splits, stages=_stages(cfg, r.group_size) or 3)
+
+
+NVRTC_MIN = (12, 0)  # the first NVRTC with the sm_90a target
+
+
+def supported(device: torch.device) -> str | None:
+    """Why the wgmma kernel cannot run on ``device`` (``None``: it can)."""
+    from trit.kernels.cuda import nvrtc
+
+    if device.type != "cuda":
+        return f"runs on CUDA, not {device.type}"
+    cap = torch.cuda.get_device_capability(device)
+    if cap != ARCH:
+        return f"wgmma needs sm_90 (Hopper); this GPU is sm_{cap[0]}{cap[1]}"
+    try:
+        have = nvrtc.version()
+    except nvrtc.CudaUnavailable as e:
+        return str(e)
+    if have < NVRTC_MIN:
+        return f"NVRTC {have[0]}.{have[1]} has no sm_90a target (wgmma needs {NVRTC_MIN[0]}.{NVRTC_MIN[1]} or later)"
+    return None
+
+
+def _sms() -> int:
+    from trit.kernels.triton.device import sm_count
+
+    return sm_count()
+
+
+def linear(x: torch.Tensor, r: mma.MmaWeights, config: WgmmaConfig | None = None,
+           options: tuple[str, ...] = ()) -> torch.Tensor:
+    """``x`` (M, K) bf16 -> (M, N) bf16 through the wgmma kernel (sm_90 only)."""
+    import ctypes
+
+    from trit.kernels.cuda import nvrtc
+
+    m, k = x.shape
+    if x.dtype != torch.bfloat16 or k != r.k or k % 8:
+        raise ValueError(f"trit_wgmma takes bf16 x with K = {r.k} (a multiple of 8), got {x.dtype} {tuple(x.shape)}")
+    cfg = config or heuristic(m, r, _sms())
+    if not valid(cfg):
+        raise ValueError(f"not a wgmma config: {cfg}")
+    x = x.contiguous()
+    smem = smem_bytes(cfg, r.group_size)
+    kern = nvrtc.load(source(), kernel_name(cfg, r.group_size), options, smem=smem, arch_suffix="a")
+    blocks, chunks = mma.grid(r.row_tiles, r.k_steps, cfg.warps, cfg.rt, cfg.ki)
+    slices = max(1, -(-m // cfg.ntok))
+    splits = max(1, min(cfg.splits, chunks))
+    per_split = -(-chunks // splits)
+    splits = -(-chunks // per_split)
+    y = torch.empty(m, r.n, dtype=torch.bfloat16, device=x.device)
+    ws, locks = mma.workspace(x.device, m * r.n if splits > 1 else 0, blocks * slices)
+    args = [ctypes.c_void_p(t.data_ptr()) for t in (r.wq, r.sc, x, y, ws, locks)]
+    args += [ctypes.c_int(v) for v in (m, r.n, k, r.k_steps, r.scale_groups, per_split, splits)]
+    kern.launch((blocks, splits, slices), cfg.warps * 32, smem, args)
+    return y
