@@ -187,11 +187,17 @@ def _tune_tiled(x: torch.Tensor, reps: list, key: str) -> dict:
     """Tune the CUDA kernels' configs on the repacked layers; remembered (in memory) for the timing that follows."""
     from trit.kernels import tuning
     from trit.kernels.cuda import gemv as cgemv
+    from trit.kernels.cuda import nvrtc
+    from trit.kernels.cuda import wgmma as cwgmma
     from trit.kernels.triton.device import sm_count
 
     m, out = x.shape[0], {}
+    wg = (cwgmma.configs_for(m, reps[0], sm_count())
+          if cwgmma.TUNE_MIN_M <= m <= cmma.TUNE_MAX_M and cwgmma.supported(x.device) is None else [])
+    nvrtc.precompile(cwgmma.source(), [cwgmma.kernel_name(c, GROUP) for c in wg], arch_suffix="a")
     for name, run, cands in (
         ("cuda_gemv", cgemv.linear, cgemv.configs_for(reps[0], sm_count()) if m <= cgemv.MAX_M else ()),
+        ("cuda_wgmma", cwgmma.linear, wg),
         # where the GEMV can take the problem, the mma kernel at its heuristic config only (a shorter run)
         ("cuda_mma", cmma.linear, () if m > cmma.TUNE_MAX_M else [cmma.heuristic(m, reps[0].row_tiles, reps[0].k_steps,
                                                                           sm_count())]

@@ -42,7 +42,7 @@ BIN = Path(triton.__file__).parent / "backends" / "nvidia" / "bin"
 N, K, GROUP = 28672, 4096, 64
 # kernel -> the M its table entry is keyed at (the rows it runs with)
 KERNELS = {"gemv": 1, "skinny": 16, "gemm": 64, "dequant": 2048, "gemm_a8": 512}
-CUDA_KERNELS = {"cuda_gemv": 1, "cuda_mma": 16}  # the CUDA C++ kernels, compiled with NVRTC
+CUDA_KERNELS = {"cuda_gemv": 1, "cuda_mma": 16, "cuda_wgmma": 128}  # the CUDA C++ kernels, compiled with NVRTC
 LINE = re.compile(r"\s*/\*([0-9a-f]{4,})\*/\s+(?:@!?U?P\w+\s+)?([A-Z][A-Z0-9_]+)")
 COMMON = {"x_ptr": "*bf16", "w_ptr": "*i32", "s_ptr": "*fp16", "b_ptr": "*fp16", "y_ptr": "*bf16",
           "ws_ptr": "*fp32", "lock_ptr": "*i32"}
@@ -168,17 +168,13 @@ def measure(cubin: bytes, kernel: str, fields: list[int], m: int, per_trip: int,
 
 def nvrtc_version() -> str | None:
     """NVRTC's version (``"13.5"``), or None where it is not installed."""
-    import ctypes
-
     from trit.kernels.cuda import nvrtc
 
     try:
-        lib = nvrtc.nvrtc()
+        major, minor = nvrtc.version()
     except nvrtc.CudaUnavailable:
         return None
-    major, minor = ctypes.c_int(), ctypes.c_int()
-    lib.nvrtcVersion(ctypes.byref(major), ctypes.byref(minor))
-    return f"{major.value}.{minor.value}"
+    return f"{major}.{minor}"
 
 
 def compile_cuda(kernel: str, m: int) -> dict:
@@ -189,10 +185,16 @@ def compile_cuda(kernel: str, m: int) -> dict:
     import torch
 
     from trit.kernels import tuning
-    from trit.kernels.cuda import gemv, mma, nvrtc
+    from trit.kernels.cuda import gemv, mma, nvrtc, wgmma
 
     key = tuning.key(m, N, K, GROUP, torch.bfloat16)
-    if kernel == "cuda_mma":
+    arch = "sm_90"
+    if kernel == "cuda_wgmma":
+        cfg = tuning.lookup(kernel, key, wgmma.WgmmaConfig) or wgmma.heuristic(m, mma.shape_only(N, K, GROUP), sms=132)
+        name, source, arch = wgmma.kernel_name(cfg, GROUP), wgmma.source(), "sm_90a"
+        per_trip = cfg.rt * cfg.ki * 4 * 16  # a lane's weights a chunk, as the mma kernel's
+        work = "HGMMA"
+    elif kernel == "cuda_mma":
         cfg = tuning.lookup(kernel, key, mma.MmaConfig) or mma.heuristic(m, *mma.tiles(N, K), sms=132)  # an H200
         name, source = mma.kernel_name(mma.token_tiles(m, cfg.mt), cfg, GROUP), mma.source()
         per_trip = cfg.rt * cfg.ki * 4 * 16  # a lane's weights a chunk: rt tiles x ki steps x 4 words of 16
@@ -203,7 +205,7 @@ def compile_cuda(kernel: str, m: int) -> dict:
         name, source = gemv.kernel_name(gemv.token_slots(m), cfg, GROUP), gemv.source()
         per_trip = (cfg.pf + 1) * cfg.rt * 4 * 16  # a lane's weights a trip: pf + 1 steps x rt tiles x 4 words of 16
         work = "IDP"
-    cubin, lowered, _ = nvrtc.compile_cubin(source, name, "sm_90")
+    cubin, lowered, _ = nvrtc.compile_cubin(source, name, arch)
     fields = [int(v) for v in dataclasses.astuple(cfg)]
     return measure(cubin, kernel, fields, m, per_trip, "weight", lowered, work)
 
