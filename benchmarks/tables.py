@@ -291,22 +291,28 @@ def serve() -> str:
     """``trit bench serve`` runs: vLLM's OpenAI server under load, vLLM's own client, bf16 against trit."""
     files = sorted((RESULTS / "serve").glob("*.json"))
     servers: dict[tuple[str, str], tuple[dict, dict]] = {}  # (model, weights): the server of most levels, its run
-    by_level: dict[str, dict[int, dict[str, dict]]] = {}  # model: concurrency: weights: level (any file)
+    # model: concurrency: weights: (measured beside the other weight kind in the same run, level). A level both
+    # kinds ran in one invocation (same machine state, same client) wins over one measured alone; else a later file
+    by_level: dict[str, dict[int, dict[str, tuple[bool, dict]]]] = {}
     for f in files:
         run = json.loads(f.read_text())
+        kinds = {(sv["model"], lv["concurrency"], sv["weights"]) for sv in run["servers"] for lv in sv["levels"]}
         for sv in run["servers"]:
             if sv["levels"]:
                 key = (sv["model"], sv["weights"])
                 if key not in servers or len(sv["levels"]) > len(servers[key][0]["levels"]):
                     servers[key] = (sv, run)
                 for lv in sv["levels"]:
-                    by_level.setdefault(sv["model"], {}).setdefault(lv["concurrency"], {})[sv["weights"]] = lv
+                    paired = all((sv["model"], lv["concurrency"], w) in kinds for w in ("bf16", "trit"))
+                    slot = by_level.setdefault(sv["model"], {}).setdefault(lv["concurrency"], {})
+                    if paired or not slot.get(sv["weights"], (False,))[0]:
+                        slot[sv["weights"]] = (paired, lv)
     lines = ["| model | concurrency | output tok/s bf16 | trit | trit / bf16 | TPOT p50 ms bf16 / trit | "
              "TPOT p99 ms bf16 / trit | TTFT p50 ms bf16 / trit | failed |", "|---|---|---|---|---|---|---|---|---|"]
     for model in dict.fromkeys(m for m, _ in servers):
         levels = by_level[model]
         for c in sorted(levels):
-            lb, lt = levels[c].get("bf16"), levels[c].get("trit")
+            lb, lt = (levels[c].get(w, (False, None))[1] for w in ("bf16", "trit"))
 
             def num(lv, fmt_: str, *path) -> str:
                 if lv is None:
@@ -316,7 +322,9 @@ def serve() -> str:
                     v = v[p_]
                 return format(v, fmt_)
 
-            ratio = f"x{lt['output_tokens_per_s'] / lb['output_tokens_per_s']:.2f}" if lb and lt else "-"
+            apart = not all(levels[c].get(w, (False,))[0] for w in ("bf16", "trit"))
+            ratio = (f"x{lt['output_tokens_per_s'] / lb['output_tokens_per_s']:.2f}{' *' if apart else ''}"
+                     if lb and lt else "-")
             failed = sum(lv["failed"] for lv in (lb, lt) if lv)
             lines.append(f"| {model} | {c} | {num(lb, '.0f', 'output_tokens_per_s')} | "
                          f"{num(lt, '.0f', 'output_tokens_per_s')} | {ratio} | {num(lb, '.2f', 'tpot_ms', 'median')} / "
@@ -333,7 +341,8 @@ def serve() -> str:
     lines += ["", f"vLLM {any_run['versions'].get('vllm', '?')} OpenAI server (multiprocess engine, CUDA graphs, "
               f"dummy weights), driven by vLLM's serving benchmark client: random prompts of {any_run['input_len']} "
               f"tokens, {any_run['output_len']} output tokens each (`--ignore-eos`), {any_run['device']}; "
-              "`benchmarks/results/serve/*.json` hold the commands. `-`: not measured."]
+              "`benchmarks/results/serve/*.json` hold the commands. `-`: not measured; `*`: the two weight kinds "
+              "were served in separate invocations."]
     return "\n".join(lines)
 
 
@@ -430,9 +439,10 @@ def plan_vllm() -> str:
     from trit.bench.serve import model_config
     from trit.eval.plan import DEFAULT_MAX_BATCHED_TOKENS, GiB, PlanOptions, plan
 
-    lines = ["| run | model | KV cache | KV-cache tokens (vLLM) | plan: weights + KV + activations + overhead, GiB | "
+    lines = ["| run | model | KV cache | KV-cache tokens (vLLM) | max-num-seqs | "
+             "plan: weights + KV + activations + overhead, GiB | "
              "plan / measured peak, GiB | error | without the KV cache: plan / measured, GiB | error |",
-             "|---|---|---|---|---|---|---|---|---|"]
+             "|---|---|---|---|---|---|---|---|---|---|"]
     for f in sorted(RESULTS.glob("serve*/*.json")):
         for sv in json.loads(f.read_text())["servers"]:
             if sv["weights"] != "trit" or not sv.get("kv_cache_tokens") or not sv.get("gpu_peak_mib"):
@@ -447,7 +457,8 @@ def plan_vllm() -> str:
             parts = " + ".join(f"{b / GiB:.2f}" for b in (sum(p.weights.values()), p.kv_total, p.activations,
                                                            p.overhead))
             rest_plan, rest_peak = p.total - p.kv_total, peak - p.kv_total
-            lines.append(f"| `{f.parent.name}/{f.name}` | {sv['model']} | {kv} | {sv['kv_cache_tokens']} | {parts} | "
+            seqs = _last_flag(sv["args"], "--max-num-seqs")
+            lines.append(f"| `{f.parent.name}/{f.name}` | {sv['model']} | {kv} | {sv['kv_cache_tokens']} | {seqs} | {parts} | "
                          f"{p.total / GiB:.2f} / {peak / GiB:.2f} | {(p.total - peak) / peak:+.1%} | "
                          f"{rest_plan / GiB:.2f} / {rest_peak / GiB:.2f} | {(rest_plan - rest_peak) / rest_peak:+.1%} |")
     lines += ["", "Plan: `trit plan` on the shape's config (group-64 scales), batch 1 at the KV-cache tokens vLLM "
