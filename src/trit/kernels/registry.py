@@ -11,7 +11,6 @@ comparison or to step around a broken kernel: :func:`disable`, or
 from __future__ import annotations
 
 import functools
-import os
 from collections.abc import Callable
 from dataclasses import dataclass
 
@@ -119,23 +118,18 @@ def _refusal(kernel: Kernel, problem: Problem) -> str | None:
     return kernel.refuse(problem)
 
 
-_DISABLED: frozenset[str] = frozenset(n.strip() for n in os.environ.get("TRIT_DISABLE_KERNELS", "").split(",")
-                                      if n.strip())
-
-
 def disabled() -> frozenset[str]:
     """The kernels switched off (``TRIT_DISABLE_KERNELS``, :func:`disable`)."""
-    return _DISABLED
+    return tuning.disabled()
 
 
 def disable(*names: str) -> None:
     """Pass over these kernels from now on (the reference cannot be switched off); no names: enable all again."""
-    global _DISABLED
     known = {k.name for k in candidates()}
     unknown = sorted(set(names) - known)
     if unknown:
         raise ValueError(f"no kernel named {', '.join(unknown)}; the kernels are {', '.join(sorted(known))}")
-    _DISABLED = frozenset(names) - {REFERENCE.name}
+    tuning.set_disabled(frozenset(names) - {REFERENCE.name})
 
 
 @dataclass(frozen=True)
@@ -165,4 +159,4 @@ def choose_kernel(problem: Problem) -> Choice:
     Remembered per problem, until the tuned tables change (:func:`trit.kernels.tuning.generation`) or
     kernels are switched off.
     """
-    return _choose(problem, tuning.generation(), _DISABLED)
+    return _choose(problem, tuning.generation(), tuning.disabled())

@@ -169,6 +169,22 @@ def _bump() -> None:
     _GENERATION += 1
 
 
+# the kernels switched off (``TRIT_DISABLE_KERNELS``, ``registry.disable``): kept here, below the kernels, so that
+# a kernel's refusal can pass over a tuned choice that names a switched-off kernel
+_DISABLED: frozenset[str] = frozenset(n.strip() for n in os.environ.get("TRIT_DISABLE_KERNELS", "").split(",")
+                                      if n.strip())
+
+
+def disabled() -> frozenset[str]:
+    return _DISABLED
+
+
+def set_disabled(names: frozenset[str]) -> None:
+    """Use :func:`trit.kernels.registry.disable`, which checks the names."""
+    global _DISABLED
+    _DISABLED = frozenset(names)
+
+
 def generation() -> int:
     """How many times the tables changed in this process: part of the key kernel choices are remembered under."""
     return _GENERATION

@@ -113,9 +113,7 @@ def _choice(p) -> str | None:
 
 
 def _usable(name: str, p) -> bool:
-    from trit.kernels import registry
-
-    if name in registry.disabled():
+    if name in tuning.disabled():
         return False
     if name == "cuda_wgmma":
         return _wgmma_support(torch.cuda.current_device()) is None
