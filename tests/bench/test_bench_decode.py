@@ -45,3 +45,13 @@ def test_percentile_and_shapes() -> None:
     assert decode.percentile([float(i) for i in range(1, 101)], 99) == 99.0
     cfg = decode.hf_config("27b")
     assert (cfg.hidden_size, cfg.num_hidden_layers, cfg.head_dim) == (5376, 62, 128)
+
+
+def test_a_folder_as_out_is_refused_before_any_worker_runs(tmp_path, capsys) -> None:
+    import pytest
+
+    with pytest.raises(SystemExit) as e:
+        decode.main(["--engines", "runtime", "--models", "tiny", "--device", "cpu", "--out", str(tmp_path)])
+    assert e.value.code == 2
+    assert f"--out {tmp_path} is a folder; give the JSON file to write" in capsys.readouterr().err
+    assert list(tmp_path.iterdir()) == []

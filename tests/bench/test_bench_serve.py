@@ -31,3 +31,13 @@ def test_serve_benchmark_measures_a_trit_server(tmp_path: Path) -> None:
     assert level["output_tokens_per_s"] > 0
     assert 0 < level["ttft_ms"]["median"] <= level["ttft_ms"]["p99"]
     assert 0 < level["tpot_ms"]["median"] <= level["tpot_ms"]["p99"]
+
+
+def test_a_folder_as_out_is_refused_before_any_server_starts(tmp_path: Path, capsys) -> None:
+    from trit.bench import serve
+
+    with pytest.raises(SystemExit) as e:
+        serve.main(["--models", "tiny", "--weights", "trit", "--out", str(tmp_path)])
+    assert e.value.code == 2
+    assert f"--out {tmp_path} is a folder; give the JSON file to write" in capsys.readouterr().err
+    assert list(tmp_path.iterdir()) == []

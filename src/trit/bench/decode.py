@@ -395,7 +395,8 @@ def parser(add_help: bool = True) -> argparse.ArgumentParser:
     ap.add_argument("--compile", action="store_true", help="runtime: torch.compile the one-token step as well")
     ap.add_argument("--device", default="cuda")
     ap.add_argument("--timeout", type=int, default=900, help="seconds for each subprocess")
-    ap.add_argument("--out", type=Path, default=Path("benchmarks/results/decode/decode.json"))
+    ap.add_argument("--out", type=Path, default=Path("benchmarks/results/decode/decode.json"),
+                    help="the JSON file to write")
     ap.add_argument("--worker", choices=["runtime", "vllm", "cold"], help=argparse.SUPPRESS)
     ap.add_argument("--result", type=Path, help=argparse.SUPPRESS)
     ap.add_argument("--started", type=float, default=0.0, help=argparse.SUPPRESS)
@@ -410,6 +411,8 @@ def main(argv: list[str] | None = None) -> int:
     for m in args.models.split(","):
         if m not in SHAPES:
             ap.error(f"--models: unknown shape {m!r}; expected some of {', '.join(SHAPES)}")
+    if args.out.is_dir():  # refused before any worker runs, not when the results are written
+        ap.error(f"--out {args.out} is a folder; give the JSON file to write, e.g. {args.out / 'decode.json'}")
     result = {"command": "trit bench decode " + " ".join(argv if argv is not None else sys.argv[1:]),
               "host": platform.node(), "device": _device_name(args.device), "versions": _versions(),
               "group_size": GROUP, "workers": []}

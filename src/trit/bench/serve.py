@@ -260,7 +260,8 @@ def parser(add_help: bool = True) -> argparse.ArgumentParser:
                     help="passed to every server as it is, once per flag (e.g. --server-arg=--enforce-eager)")
     ap.add_argument("--start-timeout", type=float, default=600, help="seconds for a server to come up")
     ap.add_argument("--level-timeout", type=float, default=600, help="seconds for one concurrency level")
-    ap.add_argument("--out", type=Path, default=Path("benchmarks/results/serve/serve.json"))
+    ap.add_argument("--out", type=Path, default=Path("benchmarks/results/serve/serve.json"),
+                    help="the JSON file to write (a plot beside it)")
     return ap
 
 
@@ -273,6 +274,8 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     unknown = [m for m in args.models if m not in SHAPES]
     if unknown or any(w not in ("bf16", "trit") for w in args.weights) or min(args.concurrency) < 1:
         ap.error(f"--models from {', '.join(SHAPES)}; --weights from bf16, trit; --concurrency >= 1")
+    if args.out.is_dir():  # refused before any server starts, not when the first one's results are written
+        ap.error(f"--out {args.out} is a folder; give the JSON file to write, e.g. {args.out / 'serve.json'}")
     return args
 
 
