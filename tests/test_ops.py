@@ -176,6 +176,10 @@ def test_tile_refusal_says_why_a_layer_stays_in_format_v1(monkeypatch) -> None:
     assert "group size 256" in ops.tile_refusal(cuda, torch.bfloat16, 256, 576, False)
     assert "multiple of 8" in ops.tile_refusal(cuda, torch.bfloat16, 64, 580, False)
     assert "format v1's Triton kernels are as fast" in ops.tile_refusal(cuda, torch.bfloat16, 64, 4096, False, 4096)
+    # Llama-3-8B's qkv (24Mi weights) is over the line: whatever else refuses it, the size does not
+    assert "format v1's Triton kernels" not in (ops.tile_refusal(cuda, torch.bfloat16, 64, 4096, False, 6144) or "")
+    # Qwen2-1.5B's gate_up (26Mi weights, K = 1536) is large enough but has too few inputs
+    assert "K = 1536 < 2048" in ops.tile_refusal(cuda, torch.bfloat16, 64, 1536, False, 17920)
     monkeypatch.setenv("TRIT_LAYOUT", "v1")
     assert ops.tile_refusal(cuda, torch.bfloat16, 64, 576, False) == "TRIT_LAYOUT=v1"
     monkeypatch.setenv("TRIT_LAYOUT", "mma")  # forced: any device and dtype the layout can hold

@@ -32,10 +32,18 @@ GEMV_MAX_M = 4
 # "mma": the mma layout wherever it can hold the layer, on any device (elsewhere than the CUDA kernels run, the
 # plain-PyTorch reference computes it: slow, for tests of the layout's path)
 LAYOUT_ENV = "TRIT_LAYOUT"
-# under "auto", layers smaller than this stay in format v1: on the H200 the Triton kernels matched or beat the
-# mma layout's on every layer of Qwen2-1.5B (at most 28M weights) and on Llama-3-8B's qkv and o (25M, 17M) at
-# M = 1, 16 and 64, while the mma layout won on Llama's gate_up and down (117M, 59M) at M = 1 to 64
-TILE_MIN_WEIGHTS = 40 * 2**20
+# under "auto", layers smaller than this stay in format v1. On the H200, every layer of the three benchmark
+# shapes in both layouts, each tuned, times summed over M = 1, 4, 16, 64, 128, 256
+# (benchmarks/results/kernels_every_layer_mma.json): the mma layout (with the wgmma kernel) won on every layer
+# of 21Mi weights or more (Llama-3-8B's qkv, 24Mi: 117 against 125 us; the 27B shape's o, 21Mi; Qwen2-1.5B's
+# gate_up, 26Mi: 117 against 135 us) and lost or tied below (Llama's o, 16Mi: 95 against 92 us; Qwen2-1.5B's
+# down, 13Mi, a tie; its qkv and o, 3Mi and 2Mi, lost at M <= 16)
+TILE_MIN_WEIGHTS = 20 * 2**20
+# and layers of fewer inputs than this stay too: with K = 1536 the mma layout lost on every Qwen2-1.5B layer
+# at M = 1 and 4 in that run, and a Qwen2-1.5B vLLM server with its gate_up (26Mi, K = 1536) in the mma layout
+# streamed x0.74 as fast as bf16 at concurrency 16 (TPOT 3.05 against 2.26 ms; x0.99 with every layer in
+# format v1), benchmarks/results/experiments/qwen2-1.5b_gate_up_mma_h200.json
+TILE_MIN_K = 2048
 
 
 @functools.cache
@@ -57,7 +65,8 @@ def tile_refusal(device: torch.device, dtype: torch.dtype, group_size: int, in_f
                  act_int8: bool, out_features: int | None = None) -> str | None:
     """Why a layer on ``device`` running in ``dtype`` stays in format v1 (``None``: repack it to the mma layout).
 
-    ``out_features`` given: a layer of fewer than :data:`TILE_MIN_WEIGHTS` weights stays too (``auto`` only)."""
+    ``out_features`` given: a layer of fewer than :data:`TILE_MIN_WEIGHTS` weights, or of fewer than
+    :data:`TILE_MIN_K` inputs, stays too (``auto`` only)."""
     wanted = os.environ.get(LAYOUT_ENV, "auto") or "auto"
     if wanted not in ("auto", "mma", "v1"):
         raise ValueError(f"{LAYOUT_ENV}={wanted!r}: expected 'auto', 'mma' or 'v1'")
@@ -77,7 +86,10 @@ def tile_refusal(device: torch.device, dtype: torch.dtype, group_size: int, in_f
         return f"the mma layout's kernels take bf16 activations, not {str(dtype).removeprefix('torch.')}"
     if out_features is not None and out_features * in_features < TILE_MIN_WEIGHTS:
         return (f"{out_features} x {in_features} weights: below {TILE_MIN_WEIGHTS // 2**20}Mi, format v1's Triton "
-                "kernels are as fast or faster (benchmarks/results/kernels.json)")
+                "kernels are as fast or faster (benchmarks/results/kernels_every_layer_mma.json)")
+    if out_features is not None and in_features < TILE_MIN_K:
+        return (f"K = {in_features} < {TILE_MIN_K}: format v1's Triton kernels served faster "
+                "(benchmarks/results/experiments/qwen2-1.5b_gate_up_mma_h200.json)")
     why = unavailable()
     if why is not None:
         _log_once(why)
