@@ -76,24 +76,76 @@ def test_the_op_falls_back_when_the_build_fails(monkeypatch: pytest.MonkeyPatch)
     assert ("cpu_native", "not built: OSError: no g++ here") in choice.refused
 
 
+def _age(path, seconds: float) -> None:
+    import os
+    import time
+
+    os.utime(path, (time.time() - seconds, time.time() - seconds))
+
+
 def test_a_build_killed_halfway_does_not_stop_the_next(native) -> None:
     """torch's lock file, left in the build folder by a builder that was killed, is removed by the next build
     (which would otherwise wait on it forever) and the extension loads."""
     stale = cpu_native.build_dir() / "lock"
     stale.touch()
+    _age(stale, cpu_native.STALE_LOCK_S + 60)
     mod = cpu_native._build()
     assert not stale.exists() and mod.isa() != "none"
+
+
+def test_a_young_torch_lock_is_waited_for_not_removed(tmp_path) -> None:
+    """A lock file younger than the stale age may be a live build (a killed builder's compiler finishing, or
+    another machine sharing the cache): the build waits for it to go, and past the timeout gives up, leaving it."""
+    import threading
+    import time
+
+    young = tmp_path / "lock"
+    young.touch()
+    threading.Timer(0.5, young.unlink).start()  # the other builder finishes
+    t0 = time.monotonic()
+    with cpu_native._build_lock(tmp_path, timeout=10, stale_after=60):
+        assert time.monotonic() - t0 >= 0.45
+    young.touch()
+    with pytest.raises(TimeoutError, match="has been held for over"):
+        with cpu_native._build_lock(tmp_path, timeout=0.5, stale_after=60):
+            pass
+    assert young.exists()
+    _age(young, 120)  # old enough: a leftover, removed at once
+    with cpu_native._build_lock(tmp_path, timeout=0.5, stale_after=60):
+        assert not young.exists()
 
 
 def test_a_second_builder_waits_then_gives_up(tmp_path) -> None:
     """While another builder holds the folder (an OS lock, released when its process dies), a build waits for
     it; past the timeout it raises, which the op turns into the fallback, instead of hanging."""
     import fcntl
+    import time
 
     with open(tmp_path / "trit-build.lock", "a+") as other:
         fcntl.flock(other, fcntl.LOCK_EX)  # another open file: flock sees a second holder even in this process
+        t0 = time.monotonic()
         with pytest.raises(TimeoutError, match="another process has been building"):
             with cpu_native._build_lock(tmp_path, timeout=0.5):
                 pass
+        assert time.monotonic() - t0 >= 0.5
     with cpu_native._build_lock(tmp_path, timeout=0.5):  # released: taken at once
         assert (tmp_path / "trit-build.lock").exists()
+
+
+def test_a_file_system_without_locks_builds_without_one(tmp_path, monkeypatch, caplog) -> None:
+    """Where flock is refused (an NFS mount without lockd: ENOLCK), the build goes on as torch's alone would,
+    says so, and leaves torch's lock file to torch."""
+    import errno
+    import fcntl
+    import logging
+
+    def refuse(*_):
+        raise OSError(errno.ENOLCK, "No locks available")
+
+    monkeypatch.setattr(fcntl, "flock", refuse)
+    (tmp_path / "lock").touch()
+    _age(tmp_path / "lock", 3600)
+    with caplog.at_level(logging.WARNING, logger="trit.kernels.cpu_native"):
+        with cpu_native._build_lock(tmp_path, timeout=0.5):
+            pass
+    assert "building without it" in caplog.text and (tmp_path / "lock").exists()

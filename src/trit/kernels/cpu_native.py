@@ -25,7 +25,8 @@ from trit.cache import cache_dir
 
 log = logging.getLogger(__name__)
 SOURCE = __file__.removesuffix(".py") + ".cpp"
-BUILD_WAIT_S = 900.0  # seconds to wait for another process building the same extension
+BUILD_WAIT_S = 600.0  # seconds to wait for another process building the same extension
+STALE_LOCK_S = 180.0  # torch's lock file older than this, with no trit builder alive, is a killed build's
 MAX_M = 16  # rows of activations; above, dequantize + one float matmul takes over (cpu_words)
 _LOCK = threading.Lock()
 _STATE: dict = {}  # "module" once built, or "error" once failed
@@ -50,17 +51,23 @@ def _build():
 
 
 @contextlib.contextmanager
-def _build_lock(build, timeout: float = BUILD_WAIT_S):
+def _build_lock(build, timeout: float = BUILD_WAIT_S, stale_after: float = STALE_LOCK_S):
     """One builder at a time across processes, by an OS lock that dies with its holder.
 
-    torch's own lock is a file that a builder removes when it finishes: a builder killed halfway (Ctrl-C, a
-    timeout's SIGKILL) leaves it behind, and every later ``load`` of that folder waits on it forever. Holding
-    this lock, no other trit process is building, so a ``lock`` file found in the folder is such a leftover
-    and is removed. Waiting longer than ``timeout`` for another builder raises (the op then falls back)."""
+    torch's own lock is a file that a builder removes when it finishes: a builder killed halfway (SIGKILL from
+    a timeout, the OOM killer) leaves it behind, and every later ``load`` of that folder waits on it forever.
+    Holding this lock, no other trit process on this machine is building, so a ``lock`` file found in the
+    folder is such a leftover; it is removed once it is ``stale_after`` seconds old (until then it may be a
+    killed builder's compiler still finishing, or a builder on another machine sharing the cache), and the
+    wait for it counts against ``timeout``. Waiting longer than ``timeout`` raises (the op then falls back).
+    Where the file system refuses the lock (some NFS mounts, a cache folder of another user's), the build goes
+    on without it, as torch's alone would."""
     import fcntl
 
-    with open(build / "trit-build.lock", "a+") as fh:
-        deadline = time.monotonic() + timeout
+    deadline = time.monotonic() + timeout
+    fh = None
+    try:
+        fh = open(build / "trit-build.lock", "a+")  # noqa: SIM115  (held across the yield, closed below)
         while True:
             try:
                 fcntl.flock(fh, fcntl.LOCK_EX | fcntl.LOCK_NB)
@@ -69,14 +76,35 @@ def _build_lock(build, timeout: float = BUILD_WAIT_S):
                 if time.monotonic() > deadline:
                     raise TimeoutError(f"another process has been building {build} for over {timeout:.0f} s") from None
                 time.sleep(0.2)
-        try:
-            stale = build / "lock"
-            if stale.exists():
+    except TimeoutError:
+        fh.close()
+        raise
+    except OSError as e:
+        if fh is not None:
+            fh.close()
+            fh = None
+        log.warning("trit: no build lock in %s (%s); building without it", build, e)
+    if fh is None:
+        yield
+        return
+    try:
+        stale = build / "lock"
+        while stale.exists():
+            try:
+                age = time.time() - stale.stat().st_mtime
+            except FileNotFoundError:
+                break
+            if age >= stale_after:
                 log.warning("trit: removing %s, left by a build that did not finish", stale)
                 stale.unlink(missing_ok=True)
-            yield
-        finally:
-            fcntl.flock(fh, fcntl.LOCK_UN)
+                break
+            if time.monotonic() > deadline:
+                raise TimeoutError(f"{stale} has been held for over {timeout:.0f} s")
+            time.sleep(0.2)
+        yield
+    finally:
+        fcntl.flock(fh, fcntl.LOCK_UN)
+        fh.close()
 
 
 def module():
