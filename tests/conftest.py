@@ -150,14 +150,20 @@ os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
 # the tests keep their cache apart from the user's (trit.cache: the native CPU kernel's build, the SmolLM2
 # checkpoint, tuned configs; trit.calibrate: data-free calibration windows), in a folder of this session that
 # subprocesses inherit and the end of the session removes: a run neither reads what an earlier run (or one
-# killed halfway) left there nor fills the user's cache
-_SESSION_CACHE = tempfile.mkdtemp(prefix="trit-test-cache-")
+# killed halfway) left there nor fills the user's cache. TRIT_TEST_CACHE names a folder to use instead and keep
+# (on a GPU machine: the compiled kernels carry over from one run to the next)
+_KEEP_CACHE = bool(os.environ.get("TRIT_TEST_CACHE"))
+_SESSION_CACHE = os.environ.get("TRIT_TEST_CACHE") or tempfile.mkdtemp(prefix="trit-test-cache-")
+# and the user's switches (layout, kernels switched off, autotuning, warm-up) do not reach them
+for _name in ("TRIT_LAYOUT", "TRIT_DISABLE_KERNELS", "TRIT_AUTOTUNE", "TRIT_WARMUP"):
+    os.environ.pop(_name, None)
 os.environ["TRIT_CACHE"] = _SESSION_CACHE
 os.environ["TRIT_CALIB_CACHE"] = os.path.join(_SESSION_CACHE, "calib")
 
 
 def pytest_sessionfinish(session: pytest.Session, exitstatus: int) -> None:
-    shutil.rmtree(_SESSION_CACHE, ignore_errors=True)
+    if not _KEEP_CACHE:
+        shutil.rmtree(_SESSION_CACHE, ignore_errors=True)
 
 
 def trit(*args: str | Path, check: bool = True, process: bool = False) -> subprocess.CompletedProcess:

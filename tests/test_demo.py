@@ -10,6 +10,7 @@ import pytest
 
 
 @pytest.mark.slow
+@pytest.mark.timeout(1900)  # its own subprocess limit is 1800 s
 def test_demo_shows_a_ternary_model_within_twice_bf16() -> None:
     proc = subprocess.run([sys.executable, "-m", "trit", "demo", "--device", "cpu"], capture_output=True, text=True,
                           timeout=1800)

@@ -12,6 +12,7 @@ import pytest
 pytest.importorskip("vllm")
 
 
+@pytest.mark.timeout(1000)  # its own subprocess limit is 900 s
 def test_serve_benchmark_measures_a_trit_server(tmp_path: Path) -> None:
     out = tmp_path / "serve.json"
     cmd = [sys.executable, "-m", "trit", "bench", "serve", "--models", "tiny", "--weights", "trit",

@@ -53,6 +53,7 @@ def test_check_prints_the_table_and_fails_naming_the_figure(tmp_path: Path, caps
     assert "a" in out and "+20.0%" in out and "REGRESSED" in out and "regression guard: FAIL: a" in out
 
 
+@pytest.mark.timeout(1300)  # its own subprocess limit is 1200 s
 def test_memory_figures_hold_their_baseline() -> None:
     """The real tree: checkpoints' bytes and bits, plan ledgers and quantize's peak RSS against the committed CPU
     baseline (exit status 0, every figure compared)."""
@@ -79,6 +80,7 @@ def test_a_larger_scale_dtype_is_caught(monkeypatch: pytest.MonkeyPatch, capsys)
     assert all(r.verdict == "ok" for r in rows if r.name.startswith("plan "))
 
 
+@pytest.mark.timeout(1300)  # its own subprocess limit is 1200 s
 def test_kernel_instructions_hold_their_baseline() -> None:
     pytest.importorskip("triton")
     proc = subprocess.run([sys.executable, "-m", "trit", "bench", "sass", "--baseline",

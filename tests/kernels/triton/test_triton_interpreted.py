@@ -15,6 +15,7 @@ pytest.importorskip("triton")
 
 
 @pytest.mark.skipif(torch.cuda.is_available(), reason="on a GPU test_triton.py runs the kernels directly")
+@pytest.mark.timeout(1900)  # its own subprocess limit is 1800 s
 def test_kernels_interpreted_on_cpu() -> None:
     env = {**os.environ, "TRITON_INTERPRET": "1"}
     here = Path(__file__).parent
