@@ -13,8 +13,9 @@ records the seconds, the layers and weights repacked, the allocated memory
 before and after and the peak during the repack. The vLLM plugin repacks
 with the same function, one layer at a time, in
 ``process_weights_after_loading``, but on vLLM's merged layers (qkv as one,
-gate and up as one), so the 40 Mi rule can admit a different set: the 27B
-shape's merged qkv (44M weights) is repacked there and not here.
+gate and up as one), so the size rule (``launch.TILE_MIN_WEIGHTS``) can admit
+a larger set there than here (the results file was made under the 40 Mi rule:
+the 27B shape's merged qkv, 44M weights, was repacked there and not here).
 """
 
 from __future__ import annotations

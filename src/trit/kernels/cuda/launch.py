@@ -39,7 +39,7 @@ LAYOUT_ENV = "TRIT_LAYOUT"
 # gate_up, 26Mi: 117 against 135 us) and lost or tied below (Llama's o, 16Mi: 95 against 92 us; Qwen2-1.5B's
 # down, 13Mi, a tie; its qkv and o, 3Mi and 2Mi, lost at M <= 16)
 TILE_MIN_WEIGHTS = 20 * 2**20
-# and layers of fewer inputs than this stay too: with K = 1536 the mma layout lost on every Qwen2-1.5B layer
+# and layers of fewer inputs than this stay too: with K = 1536 the mma layout lost on each Qwen2-1.5B layer of that K
 # at M = 1 and 4 in that run, and a Qwen2-1.5B vLLM server with its gate_up (26Mi, K = 1536) in the mma layout
 # streamed x0.74 as fast as bf16 at concurrency 16 (TPOT 3.05 against 2.26 ms; x0.99 with every layer in
 # format v1), benchmarks/results/experiments/qwen2-1.5b_gate_up_mma_h200.json
