@@ -289,13 +289,15 @@ def _speed_table(runs: dict[tuple, dict], with_ttft: bool) -> list[str]:
 
 def serve() -> str:
     """``trit bench serve`` runs: vLLM's OpenAI server under load, vLLM's own client, bf16 against trit."""
-    files = sorted((RESULTS / "serve").glob("*.json"))
+    # oldest first: by the time a run records (``started``; files from before it have none and come first), then
+    # by name
+    runs = sorted(((json.loads(f.read_text()), f.name) for f in (RESULTS / "serve").glob("*.json")),
+                  key=lambda rf: (rf[0].get("started", ""), rf[1]))
     servers: dict[tuple[str, str], tuple[dict, dict]] = {}  # (model, weights): the server of most levels, its run
     # model: concurrency: weights: (measured beside the other weight kind in the same run, level). A level both
-    # kinds ran in one invocation (same machine state, same client) wins over one measured alone; else a later file
+    # kinds ran in one invocation (same machine state, same client) wins over one measured alone; else the later run
     by_level: dict[str, dict[int, dict[str, tuple[bool, dict]]]] = {}
-    for f in files:
-        run = json.loads(f.read_text())
+    for run, _ in runs:
         kinds = {(sv["model"], lv["concurrency"], sv["weights"]) for sv in run["servers"] for lv in sv["levels"]}
         for sv in run["servers"]:
             if sv["levels"]:

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import re
 import subprocess
 import sys
 from pathlib import Path
@@ -23,6 +24,7 @@ def test_serve_benchmark_measures_a_trit_server(tmp_path: Path) -> None:
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
     result = json.loads(out.read_text())
     assert result["command"].startswith("trit bench serve --models tiny") and result["input_len"] == 32
+    assert re.fullmatch(r"\d{4}-\d\d-\d\dT\d\d:\d\d:\d\dZ", result["started"])  # orders runs in the tables
     (server,) = result["servers"]
     assert (server["model"], server["weights"], server["error"]) == ("tiny", "trit", None)
     assert server["kv_cache_tokens"] > 0 and server["start_seconds"] > 0

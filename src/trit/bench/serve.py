@@ -282,6 +282,7 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
 def main(argv: list[str] | None = None) -> int:
     args = parse_args(argv)
     result = {"command": " ".join(["trit bench serve", *(argv if argv is not None else sys.argv[3:])]),
+              "started": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
               "device": _device(), "gpu_total_mib": _gpu_total_mib(), "versions": _versions(), "input_len": args.input_len,
               "output_len": args.output_len, "gpu_memory_utilization": args.gpu_memory_utilization, "servers": []}
     args.out.parent.mkdir(parents=True, exist_ok=True)
