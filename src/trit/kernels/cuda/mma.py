@@ -295,8 +295,6 @@ def workspace(device: torch.device, floats: int, locks: int) -> tuple[torch.Tens
 
 def linear(x: torch.Tensor, r: MmaWeights, config: MmaConfig | None = None) -> torch.Tensor:
     """``x`` (M, K) bf16 -> (M, N) bf16 through the CUDA kernel."""
-    import ctypes
-
     from trit.kernels.cuda import nvrtc
     from trit.kernels.triton.device import sm_count
 
@@ -310,13 +308,23 @@ def linear(x: torch.Tensor, r: MmaWeights, config: MmaConfig | None = None) -> t
     slices = token_slices(m, mt)
     smem = smem_bytes(mt, cfg, r.group_size)
     kern = nvrtc.load(source(), kernel_name(mt, cfg, r.group_size), smem=smem)
-    blocks, chunks = grid(r.row_tiles, r.k_steps, cfg.warps, cfg.rt, cfg.ki)
-    splits = max(1, min(cfg.splits, chunks))
+    return run_gemm(kern, x, r, cfg.warps, cfg.rt, cfg.ki, cfg.splits, slices, smem)
+
+
+def run_gemm(kern, x: torch.Tensor, r: MmaWeights, warps: int, rt: int, ki: int, splits: int, slices: int,
+             smem: int) -> torch.Tensor:
+    """Run a GEMM kernel of this layout (``trit_mma``, ``trit_wgmma``: the same arguments) on contiguous bf16
+    ``x``: the grid of row blocks x K splits x token slices, the split-K workspace and its counters."""
+    import ctypes
+
+    m, k = x.shape
+    blocks, chunks = grid(r.row_tiles, r.k_steps, warps, rt, ki)
+    splits = max(1, min(splits, chunks))
     per_split = -(-chunks // splits)
     splits = -(-chunks // per_split)
     y = torch.empty(m, r.n, dtype=torch.bfloat16, device=x.device)
     ws, locks = workspace(x.device, m * r.n if splits > 1 else 0, blocks * slices)
     args = [ctypes.c_void_p(t.data_ptr()) for t in (r.wq, r.sc, x, y, ws, locks)]
     args += [ctypes.c_int(v) for v in (m, r.n, k, r.k_steps, r.scale_groups, per_split, splits)]
-    kern.launch((blocks, splits, slices), cfg.warps * 32, smem, args)
+    kern.launch((blocks, splits, slices), warps * 32, smem, args)
     return y

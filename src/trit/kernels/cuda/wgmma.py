@@ -166,36 +166,19 @@ def supported(device: torch.device) -> str | None:
     return None
 
 
-def _sms() -> int:
-    from trit.kernels.triton.device import sm_count
-
-    return sm_count()
-
-
 def linear(x: torch.Tensor, r: mma.MmaWeights, config: WgmmaConfig | None = None,
            options: tuple[str, ...] = ()) -> torch.Tensor:
     """``x`` (M, K) bf16 -> (M, N) bf16 through the wgmma kernel (sm_90 only)."""
-    import ctypes
-
     from trit.kernels.cuda import nvrtc
+    from trit.kernels.triton.device import sm_count
 
     m, k = x.shape
     if x.dtype != torch.bfloat16 or k != r.k or k % 8:
         raise ValueError(f"trit_wgmma takes bf16 x with K = {r.k} (a multiple of 8), got {x.dtype} {tuple(x.shape)}")
-    cfg = config or heuristic(m, r, _sms())
+    cfg = config or heuristic(m, r, sm_count())
     if not valid(cfg):
         raise ValueError(f"not a wgmma config: {cfg}")
     x = x.contiguous()
     smem = smem_bytes(cfg, r.group_size)
     kern = nvrtc.load(source(), kernel_name(cfg, r.group_size), options, smem=smem, arch_suffix="a")
-    blocks, chunks = mma.grid(r.row_tiles, r.k_steps, cfg.warps, cfg.rt, cfg.ki)
-    slices = max(1, -(-m // cfg.ntok))
-    splits = max(1, min(cfg.splits, chunks))
-    per_split = -(-chunks // splits)
-    splits = -(-chunks // per_split)
-    y = torch.empty(m, r.n, dtype=torch.bfloat16, device=x.device)
-    ws, locks = mma.workspace(x.device, m * r.n if splits > 1 else 0, blocks * slices)
-    args = [ctypes.c_void_p(t.data_ptr()) for t in (r.wq, r.sc, x, y, ws, locks)]
-    args += [ctypes.c_int(v) for v in (m, r.n, k, r.k_steps, r.scale_groups, per_split, splits)]
-    kern.launch((blocks, splits, slices), cfg.warps * 32, smem, args)
-    return y
+    return mma.run_gemm(kern, x, r, cfg.warps, cfg.rt, cfg.ki, cfg.splits, max(1, -(-m // cfg.ntok)), smem)
