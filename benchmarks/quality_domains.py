@@ -16,6 +16,9 @@ before a row is reported. Each row also records its size on disk and bits a
 quantized weight (scales included). With ``--gsm8k-limit N`` the variants named
 by ``--gsm8k-variants`` are also scored on the first N GSM8K problems, 5-shot,
 through vLLM and lm-eval (``trit eval --gsm8k``'s code), on this machine's vLLM.
+A healed variant (``HEALED``) quantizes its base variant as above (or reuses it
+from ``--work``), then runs ``trit heal`` with its defaults (data-free), and
+checks the heal's training windows against every evaluation window too.
 """
 
 from __future__ import annotations
@@ -41,8 +44,18 @@ VARIANTS = {
     "gptq-128samples": ["--method", "gptq", "--calib-samples", "128"],
     "gptq-random-first": ["--method", "gptq", "--calib-first", "random"],
     "gptq-bos-first": ["--method", "gptq", "--calib-first", "bos"],  # the default before random first tokens
+    "gptq-chat": ["--method", "gptq", "--calib-first", "chat"],  # windows from built-in user requests, answered
+    "gptq-mix": ["--method", "gptq", "--calib-first", "mix"],  # half of them so, half from random first tokens
+    "gptq-2planes-mix": ["--method", "gptq", "--planes", "2", "--calib-first", "mix"],
     "w4a8-g64": ["--scheme", "w4a8", "--group-size", "64"],  # int4 GPTQ weights, int8 per-token activations
     "w4a8-channel": ["--scheme", "w4a8", "--group-size", "channel"],
+}
+
+# name: (the one-plane variant it starts from, trit heal's flags: --sample-first only), healed with trit heal's
+# defaults otherwise (data-free: every training sequence sampled from the float model)
+HEALED = {
+    "healed": ("gptq", {}),
+    "healed-mix": ("gptq-mix", {"--sample-first": "mix"}),
 }
 
 
@@ -53,6 +66,8 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     ap.add_argument("--device", default="cpu", help="where GPTQ and the evaluation run")
     ap.add_argument("--work", type=Path, default=None, help="keep (and reuse) the checkpoints here")
     ap.add_argument("--max-windows", type=int, default=16)
+    ap.add_argument("--heal-sample-batch", type=int, default=None,
+                    help="healed variants: sequences the teacher samples at once (default: trit heal's)")
     ap.add_argument("--gsm8k-limit", type=int, default=0, help="GSM8K problems a variant (0: none)")
     ap.add_argument("--gsm8k-variants", default="bf16,gptq", help="the variants scored on GSM8K")
     return ap.parse_args(argv)
@@ -108,17 +123,39 @@ def main() -> int:
               "eval": f"the first {opts.max_windows} windows of {opts.seq_len} tokens of each corpus's evaluation half",
               "rows": []}
     texts = {name: halves(read(name)[1])[0] for name in CORPORA}
+
+    def make(name: str, flags: list[str]) -> tuple[Path, float]:
+        path = work / name
+        if (path / "config.json").is_file():
+            return path, 0.0
+        t = time.perf_counter()
+        code = trit_main(["quantize", str(float_dir), str(path), *flags, "--device", args.device, "--quiet"])
+        if code:
+            raise SystemExit(f"{name}: trit quantize exited {code}")
+        return path, time.perf_counter() - t
+
     for name in args.variants.split(","):
-        flags = VARIANTS[name]
+        base, heal_flags = HEALED.get(name, (name, None))
+        flags = VARIANTS[base]
         path, seconds = float_dir, 0.0
         if flags is not None:
-            path = work / name
-            if not (path / "config.json").is_file():
-                t = time.perf_counter()
-                code = trit_main(["quantize", str(float_dir), str(path), *flags, "--device", args.device, "--quiet"])
-                if code:
-                    raise SystemExit(f"{name}: trit quantize exited {code}")
-                seconds = time.perf_counter() - t
+            path, seconds = make(base, flags)
+        command = None if flags is None else " ".join(["trit quantize MODEL OUT", *flags])
+        heal_report = None
+        if heal_flags is not None:
+            from trit.heal import HealOptions, heal
+
+            healed = work / name
+            t = time.perf_counter()
+            if args.heal_sample_batch is not None:
+                heal_flags = {**heal_flags, "--sample-batch": str(args.heal_sample_batch)}
+            heal_report = heal(path, float_dir, healed, HealOptions(
+                device=args.device, sample_first=heal_flags.get("--sample-first", HealOptions.sample_first),
+                sample_batch=int(heal_flags.get("--sample-batch", HealOptions.sample_batch))),
+                overwrite=True, progress=False)
+            path, heal_seconds = healed, time.perf_counter() - t
+            command = (f"trit quantize MODEL BASE {' '.join(flags)} && trit heal BASE OUT --teacher MODEL "
+                       + " ".join(f"{k} {v}" for k, v in heal_flags.items())).rstrip()
         loaded = runtime.load(path, device=args.device, dtype=torch.float32)
         windows = {c: tokenize_text(loaded, texts[c]) for c in CORPORA}
         calibrated = "--scheme" in flags or ("--method" in flags and flags[flags.index("--method") + 1] == "gptq") \
@@ -128,10 +165,16 @@ def main() -> int:
             for c in CORPORA:
                 spans = windows[c][: opts.seq_len * opts.max_windows]
                 check_disjoint(calib, spans, f"{name}: calibration against {c}")
+        if heal_report is not None:
+            for c in CORPORA:
+                spans = windows[c][: opts.seq_len * opts.max_windows]
+                check_disjoint(heal_report.train_windows, spans, f"{name}: heal training windows against {c}")
         ppl = {c: perplexity(loaded, windows[c], opts, progress=False).perplexity for c in CORPORA}
-        row = {"variant": name, "command": None if flags is None else
-               " ".join(["trit quantize MODEL OUT", *flags]), "perplexity": ppl,
+        row = {"variant": name, "command": command, "perplexity": ppl,
                "geometric_mean": geometric_mean(list(ppl.values())), "quantize_seconds": seconds}
+        if heal_report is not None:
+            row["heal_seconds"] = heal_seconds
+            row["heal"] = heal_report.summary()
         row["size_mib"], row["bits_per_weight"] = _size(path)
         del loaded
         if args.gsm8k_limit and name in args.gsm8k_variants.split(","):

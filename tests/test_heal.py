@@ -198,7 +198,7 @@ def test_cli_defaults_are_the_library_defaults() -> None:
     defaults = HealOptions()
     for name in ("steps", "lr", "weight_lr", "batch", "seq_len", "train_samples", "heldout_samples", "sample_batch",
                  "scales_first", "scales_first_lr", "eval_every", "grad_checkpointing", "freeze_codes",
-                 "train_embeddings", "data", "device", "compile", "mix_sampled"):
+                 "train_embeddings", "data", "device", "compile", "mix_sampled", "sample_first"):
         assert getattr(args, name) == getattr(defaults, name), name
     assert defaults.scales_first > 0 and defaults.weight_lr > defaults.lr  # codes fixed first, then weights move
     sub = next(a for a in _parser()._actions if a.dest == "command").choices["heal"]
@@ -268,7 +268,8 @@ def test_snapshot_copies_a_tied_embedding_once(tmp_path: Path) -> None:
 
 @pytest.mark.parametrize(("change", "flag"), [({"steps": -1}, "--steps"), ({"scales_first": -3}, "--scales-first"),
                                               ({"batch": 0}, "--batch"), ({"lr": float("nan")}, "--lr"),
-                                              ({"mix_sampled": 4}, "--mix-sampled 4: mixes sampled sequences into")])
+                                              ({"mix_sampled": 4}, "--mix-sampled 4: mixes sampled sequences into"),
+                                              ({"sample_first": "nope"}, "--sample-first 'nope': expected one of")])
 def test_heal_refuses_bad_options_before_writing(pair, tmp_path: Path, change: dict, flag: str) -> None:
     from trit.convert import ConvertError
 
@@ -285,3 +286,20 @@ def test_heal_refuses_a_float_checkpoint(pair, tmp_path: Path) -> None:
     with pytest.raises(ConvertError, match="not a trit checkpoint"):
         heal(teacher, teacher, tmp_path / "out", OPTS, progress=False)
     assert not (tmp_path / "out").exists()
+
+
+@pytest.mark.parametrize("first", ["bos", "random"])
+def test_sampled_sequences_start_as_told(pair, tmp_path: Path, first: str, monkeypatch: pytest.MonkeyPatch) -> None:
+    """``--sample-first`` reaches the sampler, for the training and held-out sequences alike; BOS alone by default."""
+    from trit import calibrate
+
+    teacher, ckpt = pair
+    seen = []
+    real = calibrate.sample_from_model
+    monkeypatch.setattr(calibrate, "sample_from_model", lambda *a, **kw: seen.append(kw["first"]) or real(*a, **kw))
+    opts = dataclasses.replace(OPTS, steps=2, eval_every=2, sample_first=first)
+    report = heal(ckpt, teacher, tmp_path / "out", opts, progress=False)
+    assert seen == [first] and report.train_windows.shape == (OPTS.train_samples, OPTS.seq_len)
+    assert HealOptions().sample_first == "bos"
+    if first == "random":  # each sampled sequence's second token is drawn, not sampled: they differ
+        assert report.train_windows[:, 1].unique().numel() > 1

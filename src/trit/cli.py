@@ -211,7 +211,8 @@ def _quantize_parser(sub) -> None:
     g.add_argument("--calib-seq-len", type=int, default=d.calib.seq_len, help="tokens per window")
     g.add_argument("--calib-first", choices=FIRST, default=d.calib.first,
                    help="data-free: each sampled window starts from BOS and a token drawn at random from the "
-                        "vocabulary (random), or from BOS alone (bos)")
+                        "vocabulary (random), from BOS alone (bos), from a built-in user request in the model's chat "
+                        "template (chat), or half random, half chat (mix)")
     g.add_argument("--calib-cache", action=argparse.BooleanOptionalAction, default=d.calib.cache,
                    help="data-free: keep the sampled windows in $TRIT_CACHE/calib and reuse them for the same "
                         "model, options and device type")
@@ -256,6 +257,8 @@ def _heal_parser(sub) -> None:
                    help="with --data: N sequences the teacher samples join the text's training windows")
     h.add_argument("--sample-batch", type=int, default=d.sample_batch,
                    help="sequences the teacher samples at once (without --data, or with --mix-sampled)")
+    h.add_argument("--sample-first", choices=FIRST, default=d.sample_first,
+                   help="how each teacher-sampled sequence starts (as quantize's --calib-first)")
     h.add_argument("--freeze-codes", action="store_true", help="train the scales and norms only; the codes stay")
     h.add_argument("--scales-first", type=int, default=d.scales_first, metavar="N",
                    help="first N steps with every code fixed; --steps more from that phase's best state (0: one "
@@ -425,7 +428,8 @@ def _dispatch(args: argparse.Namespace) -> int:
                            grad_checkpointing=args.grad_checkpointing, freeze_codes=args.freeze_codes,
                            weight_lr=args.weight_lr, train_embeddings=args.train_embeddings,
                            scales_first=args.scales_first, scales_first_lr=args.scales_first_lr,
-                           compile=args.compile, mix_sampled=args.mix_sampled)
+                           compile=args.compile, mix_sampled=args.mix_sampled,
+                           sample_first=args.sample_first)
         heal(args.ckpt, args.teacher, args.out_dir, opts, overwrite=args.overwrite, progress=not args.quiet)
         return 0
     if args.command == "generate":

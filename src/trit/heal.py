@@ -49,9 +49,6 @@ from trit.errors import ConvertError
 from trit.nn import TritLinear
 
 COMPILE_BACKEND = "inductor"  # torch.compile's backend for HealOptions.compile
-# data-free windows start from BOS alone: heal's defaults were chosen on those; random first tokens (the
-# calibration default) are measured for GPTQ only
-SAMPLE_FIRST = "bos"
 
 
 @dataclass(frozen=True)
@@ -84,6 +81,8 @@ class HealOptions:
     # with data: this many teacher-sampled sequences join the text's training windows; 2048 took SmolLM2 from
     # 86.9 to 70.5 (benchmarks/results/ptq_smollm2_heal_mix_h200.json); off by default: sampling is slow on a CPU
     mix_sampled: int = 0
+    # how each teacher-sampled sequence starts (trit.calibrate.FIRST); BOS alone: the defaults were chosen on those
+    sample_first: str = "bos"
 
     def compiles(self, device: str) -> bool:
         """Whether a heal on ``device`` compiles its step: ``compile``, or by default on CUDA only."""
@@ -199,10 +198,10 @@ def _sequences(teacher, tokenizer, opts: HealOptions, progress: bool = False) ->
         train = windows_from_text(ids[:cut], opts.train_samples, opts.seq_len)
         if opts.mix_sampled:  # more, other text than the file's; the held-out windows stay the file's
             train = torch.cat([train, sample_from_model(teacher, tokenizer, opts.mix_sampled, opts.seq_len, opts.seed,
-                                                        opts.sample_batch, progress, first=SAMPLE_FIRST)])
+                                                        opts.sample_batch, progress, first=opts.sample_first)])
         return train, windows_from_text(ids[cut:], opts.heldout_samples, opts.seq_len)
     seqs = sample_from_model(teacher, tokenizer, total, opts.seq_len, opts.seed, opts.sample_batch, progress,
-                             first=SAMPLE_FIRST)
+                             first=opts.sample_first)
     return seqs[: opts.train_samples], seqs[opts.train_samples:]
 
 
@@ -337,6 +336,10 @@ def _check_options(opts: HealOptions) -> None:
     if opts.mix_sampled and opts.data is None:
         raise ConvertError(f"heal --mix-sampled {opts.mix_sampled}: mixes sampled sequences into --data text; "
                            "without --data every training sequence is sampled already")
+    from trit.calibrate import FIRST
+
+    if opts.sample_first not in FIRST:
+        raise ConvertError(f"heal --sample-first {opts.sample_first!r}: expected one of {', '.join(FIRST)}")
     rates = {"--lr": opts.lr, "--scales-first-lr": opts.scales_first_lr, "--weight-lr": opts.weight_lr}
     for flag, value in rates.items():
         if value is not None and not (value >= 0 and math.isfinite(value)):
