@@ -44,9 +44,6 @@ VARIANTS = {
     "gptq-128samples": ["--method", "gptq", "--calib-samples", "128"],
     "gptq-random-first": ["--method", "gptq", "--calib-first", "random"],
     "gptq-bos-first": ["--method", "gptq", "--calib-first", "bos"],  # the default before random first tokens
-    "gptq-chat": ["--method", "gptq", "--calib-first", "chat"],  # windows from built-in user requests, answered
-    "gptq-mix": ["--method", "gptq", "--calib-first", "mix"],  # half of them so, half from random first tokens
-    "gptq-2planes-mix": ["--method", "gptq", "--planes", "2", "--calib-first", "mix"],
     "w4a8-g64": ["--scheme", "w4a8", "--group-size", "64"],  # int4 GPTQ weights, int8 per-token activations
     "w4a8-channel": ["--scheme", "w4a8", "--group-size", "channel"],
 }
@@ -55,7 +52,6 @@ VARIANTS = {
 # defaults otherwise (data-free: every training sequence sampled from the float model)
 HEALED = {
     "healed": ("gptq", {}),
-    "healed-mix": ("gptq-mix", {"--sample-first": "mix"}),
 }
 
 

@@ -531,6 +531,7 @@ HEADLINE_DOMAINS = (
     ("bf16", "quality_domains_h200_variants.json", "bf16"),
     ("one plane, the default (`trit quantize MODEL OUT`: 128 sampled windows)", "quality_domains_cpu_128samples.json",
      "gptq-128samples"),
+    ("one plane, the default, on the H200", "quality_domains_h200_calib_starts.json", "gptq"),
     ("one plane, 32 sampled windows (`--calib-samples 32`, the earlier default)", "quality_domains_cpu_default.json",
      "gptq"),
     ("one plane, 32 windows, on the H200", "quality_domains_h200_variants.json", "gptq-random-first"),

@@ -53,7 +53,7 @@ class CalibOptions:
     seq_len: int = 512
     seed: int = 0
     batch: int = 8
-    first: str = "random"  # data-free: how each window starts (FIRST: BOS and a random token, BOS, a chat request, a mix)
+    first: str = "random"  # data-free: sequences start from BOS and a random token, or from BOS alone ("bos")
     cache: bool = True  # data-free: keep the sampled windows in $TRIT_CACHE/calib and reuse them
 
 
@@ -65,47 +65,7 @@ def windows_from_text(ids: torch.Tensor, samples: int, seq_len: int) -> torch.Te
     return torch.stack([ids[s:s + seq_len] for s in starts.tolist()])
 
 
-FIRST = ("bos", "random", "chat", "mix")
-PROMPTS_FILE = Path(__file__).with_name("data") / "calib-prompts.txt"
-
-
-def chat_prompts() -> list[str]:
-    """The built-in user requests that ``first="chat"`` starts windows from (``data/calib-prompts.txt``: writing,
-    explanation, advice, code in several languages, arithmetic and algebra word problems, history, science)."""
-    return [line.strip() for line in PROMPTS_FILE.read_text().splitlines() if line.strip()]
-
-
-def _chat_start(tokenizer, prompt: str, bos: int) -> list[int]:
-    """A window's first tokens for a user request: the chat template's turn and the assistant's opening, or without
-    a template, BOS and the request's text."""
-    if getattr(tokenizer, "chat_template", None):
-        ids = tokenizer.apply_chat_template([{"role": "user", "content": prompt}], add_generation_prompt=True,
-                                            tokenize=True)
-        ids = ids["input_ids"] if isinstance(ids, dict) or hasattr(ids, "keys") else ids
-        return [int(i) for i in ids]
-    return [bos, *tokenizer(prompt, add_special_tokens=False).input_ids]
-
-
-def _starts(tokenizer, first: str, samples: int, seed: int, bos: int) -> list[list[int]]:
-    """Each window's first tokens, for :func:`sample_from_model`."""
-    special = torch.tensor(sorted(set(tokenizer.all_special_ids)), dtype=torch.long)
-    ordinary = torch.ones(len(tokenizer), dtype=torch.bool)
-    ordinary[special[special < len(tokenizer)]] = False
-    ordinary = ordinary.nonzero().flatten()
-    pick = torch.Generator().manual_seed(seed)
-    randoms = ordinary[torch.randint(len(ordinary), (samples,), generator=pick)].tolist()
-    prompts = chat_prompts()
-    order = torch.randperm(len(prompts), generator=torch.Generator().manual_seed(seed)).tolist()
-    out = []
-    for i in range(samples):
-        kind = first if first != "mix" else ("random", "chat")[i % 2]
-        if kind == "bos":
-            out.append([bos])
-        elif kind == "random":
-            out.append([bos, randoms[i]])
-        else:
-            out.append(_chat_start(tokenizer, prompts[order[i % len(order)]], bos))
-    return out
+FIRST = ("bos", "random")
 
 
 def sample_from_model(
@@ -114,43 +74,35 @@ def sample_from_model(
 ) -> torch.Tensor:
     """Data-free calibration: ``(S, T)`` token windows the float model samples after its BOS token.
 
-    How each window starts (``first``):
-
-    - ``"random"`` (the default): BOS and a token drawn uniformly from the vocabulary (special tokens left out),
-      as LLM-QAT does for diversity;
-    - ``"bos"``: BOS alone;
-    - ``"chat"``: a user request from :func:`chat_prompts` in the tokenizer's chat template, the model answering
-      (and going on past its answer: a window is always ``seq_len`` tokens);
-    - ``"mix"``: every other window ``"random"``, the rest ``"chat"``.
+    ``first="random"`` (the default): each sequence's second token is drawn uniformly from the vocabulary
+    (special tokens left out) and the model samples on from there, as LLM-QAT does for diversity;
+    ``first="bos"``: the model samples from BOS alone.
     """
     if first not in FIRST:
         raise ValueError(f"first: expected one of {', '.join(FIRST)}, found {first!r}")
     bos = tokenizer.bos_token_id if tokenizer.bos_token_id is not None else tokenizer.eos_token_id
-    pad = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else tokenizer.eos_token_id
-    starts_all = _starts(tokenizer, first, samples, seed, bos)
-    if max(len(s) for s in starts_all) >= seq_len:
-        raise ValueError(f"a calibration prompt is {max(len(s) for s in starts_all)} tokens, not shorter than a "
-                         f"window of {seq_len}")
     torch.manual_seed(seed)
     out = []
     device = next(model.parameters()).device
-    chunks = tqdm(range(0, samples, batch), desc="sample", unit="batch", disable=not progress)
+    special = torch.tensor(sorted(set(tokenizer.all_special_ids)), dtype=torch.long)
+    ordinary = torch.ones(len(tokenizer), dtype=torch.bool)
+    ordinary[special[special < len(tokenizer)]] = False
+    ordinary = ordinary.nonzero().flatten()
+    pick = torch.Generator().manual_seed(seed)
+    starts = tqdm(range(0, samples, batch), desc="sample", unit="batch", disable=not progress)
     with torch.inference_mode():
-        for start in chunks:
-            rows = starts_all[start:start + batch]
-            width = max(len(r) for r in rows)
-            prompt = torch.full((len(rows), width), pad, dtype=torch.long)
-            mask = torch.zeros_like(prompt)
-            for i, r in enumerate(rows):  # left-padded: every row's last prompt token in the last column
-                prompt[i, width - len(r):] = torch.tensor(r)
-                mask[i, width - len(r):] = 1
-            new = seq_len - min(len(r) for r in rows)
-            ids = model.generate(prompt.to(device), attention_mask=mask.to(device), do_sample=True, top_k=0,
+        for start in starts:
+            b = min(batch, samples - start)
+            prompt = torch.full((b, 1), bos, dtype=torch.long)
+            if first == "random":
+                prompt = torch.cat([prompt, ordinary[torch.randint(len(ordinary), (b, 1), generator=pick)]], 1)
+            prompt = prompt.to(device)
+            new = seq_len - prompt.shape[1]
+            ids = model.generate(prompt, attention_mask=torch.ones_like(prompt), do_sample=True, top_k=0,
                                  top_p=1.0, temperature=1.0, max_new_tokens=new, min_new_tokens=new,
-                                 pad_token_id=pad)
-            ids = ids.cpu()
-            out.extend(ids[i, width - len(r):][:seq_len] for i, r in enumerate(rows))
-    return torch.stack(out)
+                                 pad_token_id=tokenizer.eos_token_id)
+            out.append(ids[:, :seq_len].cpu())
+    return torch.cat(out)
 
 
 def calibration_text(source: str | Path) -> str:
@@ -223,8 +175,6 @@ def sample_cache_path(model_dir: Path | str, opts: CalibOptions, device: str) ->
         parts.append(f"{f.name} {st.st_size} {st.st_mtime_ns}")
     parts += [f"samples={opts.samples} seq_len={opts.seq_len} seed={opts.seed} batch={opts.batch} first={opts.first}",
               torch.device(device).type, torch.__version__, transformers.__version__, f"sampler {SAMPLER_VERSION}"]
-    if opts.first in ("chat", "mix"):
-        parts.append(hashlib.sha256(PROMPTS_FILE.read_bytes()).hexdigest())
     key = hashlib.sha256("\n".join(parts).encode()).hexdigest()[:32]
     return sample_cache_dir() / f"{key}.pt"
 

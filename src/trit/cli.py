@@ -211,8 +211,7 @@ def _quantize_parser(sub) -> None:
     g.add_argument("--calib-seq-len", type=int, default=d.calib.seq_len, help="tokens per window")
     g.add_argument("--calib-first", choices=FIRST, default=d.calib.first,
                    help="data-free: each sampled window starts from BOS and a token drawn at random from the "
-                        "vocabulary (random), from BOS alone (bos), from a built-in user request in the model's chat "
-                        "template (chat), or half random, half chat (mix)")
+                        "vocabulary (random), or from BOS alone (bos)")
     g.add_argument("--calib-cache", action=argparse.BooleanOptionalAction, default=d.calib.cache,
                    help="data-free: keep the sampled windows in $TRIT_CACHE/calib and reuse them for the same "
                         "model, options and device type")
