@@ -64,6 +64,9 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     ap.add_argument("--max-windows", type=int, default=16)
     ap.add_argument("--heal-sample-batch", type=int, default=None,
                     help="healed variants: sequences the teacher samples at once (default: trit heal's)")
+    ap.add_argument("--heal-no-grad-checkpointing", action="store_true",
+                    help="healed variants: trit heal --no-grad-checkpointing (faster where memory allows: the "
+                         "measured heal recipes ran so)")
     ap.add_argument("--gsm8k-limit", type=int, default=0, help="GSM8K problems a variant (0: none)")
     ap.add_argument("--gsm8k-variants", default="bf16,gptq", help="the variants scored on GSM8K")
     return ap.parse_args(argv)
@@ -145,13 +148,16 @@ def main() -> int:
             t = time.perf_counter()
             if args.heal_sample_batch is not None:
                 heal_flags = {**heal_flags, "--sample-batch": str(args.heal_sample_batch)}
+            if args.heal_no_grad_checkpointing:
+                heal_flags = {**heal_flags, "--no-grad-checkpointing": ""}
             heal_report = heal(path, float_dir, healed, HealOptions(
                 device=args.device, sample_first=heal_flags.get("--sample-first", HealOptions.sample_first),
-                sample_batch=int(heal_flags.get("--sample-batch", HealOptions.sample_batch))),
-                overwrite=True, progress=False)
+                sample_batch=int(heal_flags.get("--sample-batch", HealOptions.sample_batch)),
+                grad_checkpointing="--no-grad-checkpointing" not in heal_flags),
+                overwrite=True, progress=True)  # progress on stderr: a run cut short shows how far it got
             path, heal_seconds = healed, time.perf_counter() - t
             command = (f"trit quantize MODEL BASE {' '.join(flags)} && trit heal BASE OUT --teacher MODEL "
-                       + " ".join(f"{k} {v}" for k, v in heal_flags.items())).rstrip()
+                       + " ".join(f"{k} {v}".rstrip() for k, v in heal_flags.items())).rstrip()
         loaded = runtime.load(path, device=args.device, dtype=torch.float32)
         windows = {c: tokenize_text(loaded, texts[c]) for c in CORPORA}
         calibrated = "--scheme" in flags or ("--method" in flags and flags[flags.index("--method") + 1] == "gptq") \
