@@ -2,7 +2,7 @@
 
     PYTHONPATH=src python benchmarks/quality_domains.py --out benchmarks/results/quality_domains_cpu.json \
         [--variants bf16,absmean,gptq,gptq-2planes,w4a8-g64,w4a8-channel] [--device cpu] [--work DIR] \
-        [--gsm8k-limit N [--gsm8k-variants bf16,gptq]]
+        [--gsm8k-limit N [--gsm8k-variants bf16,gptq]] [--heal-sample-batch N] [--heal-no-grad-checkpointing]
 
 Each variant is made the way a user makes it (the equivalent ``trit quantize``
 command is in its row), with data-free calibration unless the variant names
@@ -16,9 +16,12 @@ before a row is reported. Each row also records its size on disk and bits a
 quantized weight (scales included). With ``--gsm8k-limit N`` the variants named
 by ``--gsm8k-variants`` are also scored on the first N GSM8K problems, 5-shot,
 through vLLM and lm-eval (``trit eval --gsm8k``'s code), on this machine's vLLM.
-A healed variant (``HEALED``) quantizes its base variant as above (or reuses it
-from ``--work``), then runs ``trit heal`` with its defaults (data-free), and
-checks the heal's training windows against every evaluation window too.
+A healed variant (``HEALED``, e.g. ``--variants bf16,healed``) quantizes its
+base variant as above (or reuses it from ``--work``), then runs ``trit heal``
+with its defaults (data-free) but for ``--heal-sample-batch`` and
+``--heal-no-grad-checkpointing`` where given, and checks the heal's training
+windows against every evaluation window too (its held-out windows, which pick
+the student written, are not checked).
 """
 
 from __future__ import annotations
@@ -48,11 +51,13 @@ VARIANTS = {
     "w4a8-channel": ["--scheme", "w4a8", "--group-size", "channel"],
 }
 
-# name: (the one-plane variant it starts from, trit heal's flags: --sample-first only), healed with trit heal's
-# defaults otherwise (data-free: every training sequence sampled from the float model)
+# name: (the one-plane variant it starts from, its trit heal flags: HEAL_FLAGS only), healed with trit heal's
+# defaults otherwise (data-free: every training sequence sampled from the float model); --heal-sample-batch and
+# --heal-no-grad-checkpointing add theirs
 HEALED = {
     "healed": ("gptq", {}),
 }
+HEAL_FLAGS = ("--sample-first", "--sample-batch", "--no-grad-checkpointing")  # what main turns into HealOptions
 
 
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
@@ -150,11 +155,13 @@ def main() -> int:
                 heal_flags = {**heal_flags, "--sample-batch": str(args.heal_sample_batch)}
             if args.heal_no_grad_checkpointing:
                 heal_flags = {**heal_flags, "--no-grad-checkpointing": ""}
+            assert set(heal_flags) <= set(HEAL_FLAGS), f"{name}: heal flags {sorted(heal_flags)}"
             heal_report = heal(path, float_dir, healed, HealOptions(
                 device=args.device, sample_first=heal_flags.get("--sample-first", HealOptions.sample_first),
                 sample_batch=int(heal_flags.get("--sample-batch", HealOptions.sample_batch)),
                 grad_checkpointing="--no-grad-checkpointing" not in heal_flags),
-                overwrite=True, progress=True)  # progress on stderr: a run cut short shows how far it got
+                overwrite=True, progress=True,  # progress on stderr: a run cut short shows how far it got
+                log=lambda line: print(line, file=sys.stderr))  # stdout holds the JSON rows
             path, heal_seconds = healed, time.perf_counter() - t
             command = (f"trit quantize MODEL BASE {' '.join(flags)} && trit heal BASE OUT --teacher MODEL "
                        + " ".join(f"{k} {v}".rstrip() for k, v in heal_flags.items())).rstrip()
