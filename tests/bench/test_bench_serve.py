@@ -19,7 +19,7 @@ def test_serve_benchmark_measures_a_trit_server(tmp_path: Path) -> None:
     cmd = [sys.executable, "-m", "trit", "bench", "serve", "--models", "tiny", "--weights", "trit",
            "--concurrency", "2", "--input-len", "32", "--output-len", "8", "--num-prompts", "4",
            "--gpu-memory-utilization", "0.3", "--server-arg=--dtype=float32", "--server-arg=--enforce-eager",
-           "--server-arg=--max-model-len=512", "--out", str(out)]
+           "--server-arg=--max-model-len=512", "--profile", "2", "--profile-prompts", "2", "--out", str(out)]
     proc = subprocess.run(cmd, capture_output=True, text=True, timeout=900)
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
     result = json.loads(out.read_text())
@@ -34,6 +34,14 @@ def test_serve_benchmark_measures_a_trit_server(tmp_path: Path) -> None:
     assert level["output_tokens_per_s"] > 0
     assert 0 < level["ttft_ms"]["median"] <= level["ttft_ms"]["p99"]
     assert 0 < level["tpot_ms"]["median"] <= level["tpot_ms"]["p99"]
+    # --profile: one more level under vLLM's torch profiler, its worker's table read back (the CPU's: CPU time)
+    prof = server["profile"]
+    assert prof.get("error") is None, prof
+    assert (prof["concurrency"], prof["prompts"], prof["level"]["completed"]) == (2, 2, 2)
+    assert prof["clock"] == "cpu" and prof["steps"] == 8 and prof["total_us"] > 0
+    assert prof["us_per_step"] == prof["total_us"] / 8
+    assert sum(prof["us_per_step_by_group"].values()) > 0 and prof["top"] and prof["table"].endswith(".txt")
+    assert any("--profiler-config" == a for a in server["args"])
 
 
 def test_a_folder_as_out_is_refused_before_any_server_starts(tmp_path: Path, capsys) -> None:

