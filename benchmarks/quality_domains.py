@@ -106,7 +106,7 @@ def _calibration_ids(float_dir: Path, flags: list[str], device: str) -> torch.Te
 
     calib = CalibOptions(flags[flags.index("--calib") + 1] if "--calib" in flags else None,
                          flag("--calib-samples", CalibOptions.samples), flag("--calib-seq-len", CalibOptions.seq_len),
-                         first=flag("--calib-first", CalibOptions.first))
+                         first=flag("--calib-first", CalibOptions.first), batch=flag("--calib-batch", CalibOptions.batch))
     return calibration_ids(open_checkpoint(float_dir), calib, device)
 
 

@@ -173,3 +173,14 @@ def test_generate_options_are_checked_by_the_library_too() -> None:
     with pytest.raises(OptionError, match=r"--temperature nan"):
         SamplingOptions(temperature=float("nan"))
     assert SamplingOptions(temperature=0.7, top_p=0.9, top_k=40).generate_kwargs()["do_sample"] is True
+
+
+@pytest.mark.parametrize(("flag", "value"), [("--calib-samples", "0"), ("--calib-seq-len", "1"), ("--calib-batch", "0")])
+@pytest.mark.parametrize("scheme", ["ternary", "w4a8"])
+def test_quantize_refuses_bad_calibration_counts(src: Path, tmp_path: Path, flag: str, value: str,
+                                                  scheme: str) -> None:
+    """A count that cannot sample or window anything: one line naming the flag, before the model is read."""
+    method = ["--method", "gptq"] if scheme == "ternary" else []  # w4a8 is GPTQ, and refuses --method
+    p = trit("quantize", src, tmp_path / "out", "--scheme", scheme, *method, flag, value, "--quiet", check=False)
+    refused(p, f"{flag} {value}: must be at least")
+    assert left_behind(tmp_path) == ["src"]

@@ -45,11 +45,22 @@ def quantize_w4a8_cli(args: argparse.Namespace) -> int:
     if ternary_only:
         raise OptionError(f"{', '.join(ternary_only)}: ternary only; --scheme w4a8 is GPTQ on every decoder linear")
     opts = W4A8Options(parse_group_size(args.group_size), args.tensor_parallel_size,
-                       CalibOptions(args.calib, args.calib_samples, args.calib_seq_len, first=args.calib_first,
-                                    cache=args.calib_cache), args.act_order, args.damp,
+                       calib_options(args), args.act_order, args.damp,
                        W4A8Options.passes if args.passes is None else args.passes, args.device, args.overwrite)
     print(quantize_w4a8(args.model_dir, args.out_dir, opts, progress=not args.quiet).summary())
     return 0
+
+
+def calib_options(args: argparse.Namespace) -> CalibOptions:
+    """``trit quantize``'s calibration flags (both schemes), each count checked before anything is loaded."""
+    from trit.errors import OptionError
+
+    for flag, value, low in (("--calib-samples", args.calib_samples, 1), ("--calib-seq-len", args.calib_seq_len, 2),
+                             ("--calib-batch", args.calib_batch, 1)):
+        if value < low:
+            raise OptionError(f"{flag} {value}: must be at least {low}")
+    return CalibOptions(args.calib, args.calib_samples, args.calib_seq_len, first=args.calib_first,
+                        batch=args.calib_batch, cache=args.calib_cache)
 
 
 def convert_options(args: argparse.Namespace) -> ConvertOptions:
@@ -59,8 +70,7 @@ def convert_options(args: argparse.Namespace) -> ConvertOptions:
         keep=tuple(k.strip() for k in args.keep.split(",") if k.strip()),
         pad_policy=fmt.PadPolicy(args.pad), scale_dtype=fmt.ScaleDtype(args.scale_dtype),
         overwrite=args.overwrite, device=args.device, planes=args.planes,
-        calib=CalibOptions(args.calib, args.calib_samples, args.calib_seq_len, first=args.calib_first,
-                           cache=args.calib_cache),  # a file or a corpus name
+        calib=calib_options(args),  # a file or a corpus name
         act_order=args.act_order, damp=args.damp, float_target=args.float_target,
         passes=ConvertOptions.passes if args.passes is None else args.passes,
     )
@@ -209,6 +219,8 @@ def _quantize_parser(sub) -> None:
                         "half); default: text sampled from the float model (data-free)")
     g.add_argument("--calib-samples", type=int, default=d.calib.samples, help="calibration windows")
     g.add_argument("--calib-seq-len", type=int, default=d.calib.seq_len, help="tokens per window")
+    g.add_argument("--calib-batch", type=int, default=d.calib.batch,
+                   help="data-free: windows the float model samples at once (more: faster, more memory)")
     g.add_argument("--calib-first", choices=FIRST, default=d.calib.first,
                    help="data-free: each sampled window starts from BOS and a token drawn at random from the "
                         "vocabulary (random), or from BOS alone (bos)")
