@@ -51,13 +51,12 @@ VARIANTS = {
     "w4a8-channel": ["--scheme", "w4a8", "--group-size", "channel"],
 }
 
-# name: (the one-plane variant it starts from, its trit heal flags: HEAL_FLAGS only), healed with trit heal's
-# defaults otherwise (data-free: every training sequence sampled from the float model); --heal-sample-batch and
-# --heal-no-grad-checkpointing add theirs
+# name: (the one-plane variant it starts from, its trit heal flags), healed with trit heal's defaults otherwise
+# (data-free: every training sequence sampled from the float model); --heal-sample-batch and
+# --heal-no-grad-checkpointing add theirs; the flags go through trit heal's own parser
 HEALED = {
-    "healed": ("gptq", {}),
+    "healed": ("gptq", []),
 }
-HEAL_FLAGS = ("--sample-first", "--sample-batch", "--no-grad-checkpointing")  # what main turns into HealOptions
 
 
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
@@ -147,37 +146,33 @@ def main() -> int:
         command = None if flags is None else " ".join(["trit quantize MODEL OUT", *flags])
         heal_report = None
         if heal_flags is not None:
-            from trit.heal import HealOptions, heal
+            from trit.cli import _parser, heal_options
+            from trit.heal import heal
 
             healed = work / name
             t = time.perf_counter()
-            if args.heal_sample_batch is not None:
-                heal_flags = {**heal_flags, "--sample-batch": str(args.heal_sample_batch)}
-            if args.heal_no_grad_checkpointing:
-                heal_flags = {**heal_flags, "--no-grad-checkpointing": ""}
-            assert set(heal_flags) <= set(HEAL_FLAGS), f"{name}: heal flags {sorted(heal_flags)}"
-            heal_report = heal(path, float_dir, healed, HealOptions(
-                device=args.device, sample_first=heal_flags.get("--sample-first", HealOptions.sample_first),
-                sample_batch=int(heal_flags.get("--sample-batch", HealOptions.sample_batch)),
-                grad_checkpointing="--no-grad-checkpointing" not in heal_flags),
-                overwrite=True, progress=True,  # progress on stderr: a run cut short shows how far it got
-                log=lambda line: print(line, file=sys.stderr))  # stdout holds the JSON rows
+            heal_flags = [*heal_flags, *(["--sample-batch", str(args.heal_sample_batch)]
+                                         if args.heal_sample_batch is not None else []),
+                          *(["--no-grad-checkpointing"] if args.heal_no_grad_checkpointing else [])]
+            heal_args = _parser().parse_args(["heal", str(path), str(healed), "--teacher", str(float_dir),
+                                              *heal_flags, "--device", args.device])
+            heal_report = heal(path, float_dir, healed, heal_options(heal_args), overwrite=True,
+                               progress=True,  # progress on stderr: a run cut short shows how far it got
+                               log=lambda line: print(line, file=sys.stderr))  # stdout holds the JSON rows
             path, heal_seconds = healed, time.perf_counter() - t
-            command = (f"trit quantize MODEL BASE {' '.join(flags)} && trit heal BASE OUT --teacher MODEL "
-                       + " ".join(f"{k} {v}".rstrip() for k, v in heal_flags.items())).rstrip()
+            command = " ".join(["trit quantize MODEL BASE", *flags, "&& trit heal BASE OUT --teacher MODEL",
+                                *heal_flags])
         loaded = runtime.load(path, device=args.device, dtype=torch.float32)
         windows = {c: tokenize_text(loaded, texts[c]) for c in CORPORA}
         calibrated = "--scheme" in flags or ("--method" in flags and flags[flags.index("--method") + 1] == "gptq") \
             if flags is not None else False
-        if calibrated:
-            calib = _calibration_ids(float_dir, flags, args.device)
-            for c in CORPORA:
-                spans = windows[c][: opts.seq_len * opts.max_windows]
-                check_disjoint(calib, spans, f"{name}: calibration against {c}")
+        sources = [("calibration", _calibration_ids(float_dir, flags, args.device))] if calibrated else []
         if heal_report is not None:
-            for c in CORPORA:
-                spans = windows[c][: opts.seq_len * opts.max_windows]
-                check_disjoint(heal_report.train_windows, spans, f"{name}: heal training windows against {c}")
+            sources.append(("heal training windows", heal_report.train_windows))
+        for c in CORPORA:
+            spans = windows[c][: opts.seq_len * opts.max_windows]
+            for what, ids in sources:
+                check_disjoint(ids, spans, f"{name}: {what} against {c}")
         ppl = {c: perplexity(loaded, windows[c], opts, progress=False).perplexity for c in CORPORA}
         row = {"variant": name, "command": command, "perplexity": ppl,
                "geometric_mean": geometric_mean(list(ppl.values())), "quantize_seconds": seconds}

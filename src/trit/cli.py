@@ -63,6 +63,16 @@ def calib_options(args: argparse.Namespace) -> CalibOptions:
                         batch=args.calib_batch, cache=args.calib_cache)
 
 
+def heal_options(args: argparse.Namespace) -> HealOptions:
+    """``trit heal``'s flags as :class:`HealOptions` (also for scripts that run heal with CLI flags)."""
+    return HealOptions(args.steps, args.lr, args.batch, args.seq_len, args.data, args.train_samples,
+                       args.heldout_samples, args.eval_every, args.device, sample_batch=args.sample_batch,
+                       grad_checkpointing=args.grad_checkpointing, freeze_codes=args.freeze_codes,
+                       weight_lr=args.weight_lr, train_embeddings=args.train_embeddings,
+                       scales_first=args.scales_first, scales_first_lr=args.scales_first_lr,
+                       compile=args.compile, mix_sampled=args.mix_sampled, sample_first=args.sample_first)
+
+
 def convert_options(args: argparse.Namespace) -> ConvertOptions:
     """``trit quantize``'s flags as :class:`ConvertOptions` (ternary); unset flags take the library's defaults."""
     return ConvertOptions(
@@ -434,14 +444,8 @@ def _dispatch(args: argparse.Namespace) -> int:
     if args.command == "heal":
         from trit.heal import heal
 
-        opts = HealOptions(args.steps, args.lr, args.batch, args.seq_len, args.data, args.train_samples,
-                           args.heldout_samples, args.eval_every, args.device, sample_batch=args.sample_batch,
-                           grad_checkpointing=args.grad_checkpointing, freeze_codes=args.freeze_codes,
-                           weight_lr=args.weight_lr, train_embeddings=args.train_embeddings,
-                           scales_first=args.scales_first, scales_first_lr=args.scales_first_lr,
-                           compile=args.compile, mix_sampled=args.mix_sampled,
-                           sample_first=args.sample_first)
-        heal(args.ckpt, args.teacher, args.out_dir, opts, overwrite=args.overwrite, progress=not args.quiet)
+        heal(args.ckpt, args.teacher, args.out_dir, heal_options(args), overwrite=args.overwrite,
+             progress=not args.quiet)
         return 0
     if args.command == "generate":
         sampling = SamplingOptions(args.max_new_tokens, args.temperature, args.top_p, args.top_k,

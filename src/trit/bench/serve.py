@@ -213,7 +213,7 @@ def run_profile(url: str, folder: Path, args: argparse.Namespace, work: Path, pr
     run_client(url, folder, level, args.input_len, args.output_len, work, args.level_timeout, profile=True)
     out = {"concurrency": c, "prompts": level.prompts, "level": asdict(level)}
     if level.error:
-        return {**out, "error": f"client: {level.error.splitlines()[-1] if level.error else ''}"}
+        return {**out, "error": f"client: {level.error.splitlines()[-1]}"}
     deadline = time.monotonic() + 120  # the worker writes its table when the profile stops
     tables: list[Path] = []
     while not tables and time.monotonic() < deadline:
