@@ -52,8 +52,9 @@ class CalibOptions:
     samples: int = 128  # 32 was x31 bf16 across domains against 128's x18 (the CPU runs in benchmarks/results)
     seq_len: int = 512
     seed: int = 0
-    # data-free: windows sampled at once; 64 sampled 2.2 times as fast a window as 8 on a 2-core CPU (129-token
-    # windows of SmolLM2-135M); other windows than 8's, from the same distribution
+    # data-free: windows sampled at once; 64 sampled 3.5 times as fast a window as 8 on a 2-core CPU (129-token
+    # windows of SmolLM2-135M, benchmarks/results/calib_sampling_time_cpu.json); other windows than 8's, from the
+    # same distribution
     batch: int = 64
     first: str = "random"  # data-free: sequences start from BOS and a random token, or from BOS alone ("bos")
     cache: bool = True  # data-free: keep the sampled windows in $TRIT_CACHE/calib and reuse them
