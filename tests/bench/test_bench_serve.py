@@ -10,11 +10,10 @@ from pathlib import Path
 
 import pytest
 
-pytest.importorskip("vllm")
-
 
 @pytest.mark.timeout(1000)  # its own subprocess limit is 900 s
 def test_serve_benchmark_measures_a_trit_server(tmp_path: Path) -> None:
+    pytest.importorskip("vllm")
     out = tmp_path / "serve.json"
     cmd = [sys.executable, "-m", "trit", "bench", "serve", "--models", "tiny", "--weights", "trit",
            "--concurrency", "2", "--input-len", "32", "--output-len", "8", "--num-prompts", "4",
@@ -52,3 +51,13 @@ def test_a_folder_as_out_is_refused_before_any_server_starts(tmp_path: Path, cap
     assert e.value.code == 2
     assert f"--out {tmp_path} is a folder; give the JSON file to write" in capsys.readouterr().err
     assert list(tmp_path.iterdir()) == []
+
+
+def test_a_client_that_fails_silently_fails_its_level(tmp_path: Path, monkeypatch) -> None:
+    from trit.bench import serve
+
+    monkeypatch.setattr(serve, "CLIENT", "import sys; sys.exit(3)")  # no output, no result file
+    level = serve.Level(4, 8)
+    serve.run_client("http://127.0.0.1:1", tmp_path, level, 32, 8, tmp_path, timeout=60)
+    assert level.error == "client exit code 3, no result file client-c4.json, no output"
+    assert level.completed == 0 and level.output_tokens_per_s == 0

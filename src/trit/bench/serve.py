@@ -152,7 +152,9 @@ def run_client(url: str, folder: Path, level: Level, input_len: int, output_len:
     proc = subprocess.run(cmd, capture_output=True, text=True, timeout=timeout)
     level.seconds = time.perf_counter() - t0
     if proc.returncode != 0 or not result.is_file():
-        level.error = (proc.stderr or proc.stdout)[-2000:]
+        tail = (proc.stderr or proc.stdout)[-2000:].strip()
+        missing = "" if result.is_file() else f", no result file {result.name}"
+        level.error = tail or f"client exit code {proc.returncode}{missing}, no output"
         return
     r = json.loads(result.read_text())
     level.completed = int(r.get("completed", 0))
