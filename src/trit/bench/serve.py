@@ -30,6 +30,7 @@ import json
 import os
 import platform
 import re
+import shutil
 import signal
 import subprocess
 import sys
@@ -226,11 +227,13 @@ def run_profile(url: str, folder: Path, args: argparse.Namespace, work: Path, pr
         return {**out, "error": f"no profiler table (*profiler_out*.txt) under {profile_dir} after 120 s"}
     # engine steps: each wave of `c` requests decodes output_len tokens (prefill steps are a few more)
     steps = -(-level.prompts // c) * args.output_len
+    kept = args.out.with_name(f"{args.out.stem}.{folder.name}.profile.txt")  # the whole table, beside the JSON
+    shutil.copyfile(tables[0], kept)
     try:
-        summary = profile_table.summarize(profile_table.parse(tables[0].read_text(errors="replace")), steps)
+        summary = profile_table.summarize(profile_table.parse(kept.read_text(errors="replace")), steps)
     except ValueError as e:
-        return {**out, "error": f"{tables[0].name}: {e}"}
-    return {**out, "table": tables[0].name, **summary}
+        return {**out, "error": f"{kept.name}: {e}"}
+    return {**out, "table": kept.name, **summary}
 
 
 def _profile_line(s: Server) -> str:

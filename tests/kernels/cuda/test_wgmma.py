@@ -65,6 +65,7 @@ def test_invalid_configs_are_refused() -> None:
     assert not wgmma.valid(wgmma.WgmmaConfig(ntok=256, rt=2))  # 256 accumulators a thread
     assert not wgmma.valid(wgmma.WgmmaConfig(ki=2, warps=4))  # a copy pass would hold half an 8-token group
     assert not wgmma.valid(wgmma.WgmmaConfig(ntok=16, warps=4, ki=2))
+    assert not wgmma.valid(wgmma.WgmmaConfig(bufs=3))  # the buffers cycle over a chunk's 8 k16 steps
     x = torch.zeros(4, 576, dtype=torch.bfloat16)
     r = mma.repack(*random_layer(64, 576, 64), 64, 576)
     with pytest.raises(ValueError, match="not a wgmma config"):
@@ -82,6 +83,7 @@ def test_every_width_group_and_copy_shape_compiles_for_sm_90a() -> None:
     cfgs = [(wgmma.WgmmaConfig(ntok, 2 if ntok <= 128 else 1, 1, 1, 3, 8), g)
             for ntok in wgmma.TOKENS for g in (32, 64, 128, fmt.PER_ROW)]
     cfgs += [(wgmma.WgmmaConfig(ntok, 1, ki, 1, 4, warps), 32) for ntok in (64, 256) for ki, warps in ((2, 8), (1, 4))]
+    cfgs += [(wgmma.WgmmaConfig(ntok, 2 if ntok <= 128 else 1, 1, 1, 3, 8, bufs=4), 64) for ntok in wgmma.TOKENS]
     for cfg, g in cfgs:
         assert wgmma.valid(cfg), cfg
         cubin, lowered, log = nvrtc.compile_cubin(wgmma.source(), wgmma.kernel_name(cfg, g), "sm_90a")
@@ -104,7 +106,8 @@ def _sm90() -> bool:
 
 CONFIGS = (None, wgmma.WgmmaConfig(16, 2, 1, 2, 4, 8), wgmma.WgmmaConfig(64, 1, 1, 1, 3, 4),
            wgmma.WgmmaConfig(128, 2, 1, 3, 5, 8), wgmma.WgmmaConfig(256, 1, 1, 1, 3, 4),
-           wgmma.WgmmaConfig(128, 1, 2, 2, 3, 8))
+           wgmma.WgmmaConfig(128, 1, 2, 2, 3, 8), wgmma.WgmmaConfig(16, 2, 1, 2, 4, 8, bufs=4),
+           wgmma.WgmmaConfig(64, 2, 2, 1, 3, 8, bufs=4))
 
 
 @pytest.mark.skipif(not _sm90(), reason="needs an sm_90 GPU")

@@ -10,10 +10,11 @@
 // 16-byte piece c of token n's row at piece c ^ (n % 8). A warp then copies whole 512- or 256-byte runs
 // of a token's inputs (coalesced) and its shared-memory writes meet no bank conflicts.
 //
-// Each k16 step decodes into one of two register buffers while the previous step's wgmma runs
-// (wgmma.wait_group 1 before a buffer is written again). A stage is refilled two chunks after it was
-// read (the barrier at each chunk's start finds every wgmma but the last one retired), so the tensor
-// cores never drain at a chunk's end: ST stages keep ST - 2 chunks in flight. Split-K as in trit_mma.
+// Each k16 step decodes into one of AB register buffers while the wgmmas of the AB - 1 steps before it
+// run (wgmma.wait_group AB - 1 before a buffer is written again). A stage is refilled two chunks after it
+// was read (the barrier at each chunk's start finds every wgmma of the chunk before the last one retired:
+// a chunk has 8 KI >= AB steps), so the tensor cores never drain at a chunk's end: ST stages keep ST - 2
+// chunks in flight. Split-K as in trit_mma.
 
 __device__ __forceinline__ void wgmma_fence() { asm volatile("wgmma.fence.sync.aligned;" ::: "memory"); }
 __device__ __forceinline__ void wgmma_commit() { asm volatile("wgmma.commit_group.sync.aligned;" ::: "memory"); }
@@ -35,8 +36,9 @@ __device__ __forceinline__ unsigned long long smem_desc_sw128(u32 addr) {
 
 // NTOK: tokens a block (the wgmma's N: 16 to 256; blockIdx.z picks the slice of tokens); RT: 16-row tiles a
 // warp (RT wgmmas a k16 step); KI: 128-input steps a chunk; GS: inputs a scale (0: one a row); ST: pipeline
-// stages (3 or more); NW: warps a block (whole warpgroups; the x copy's passes hold whole 8-token groups).
-template <int NTOK, int RT, int KI, int GS, int ST, int NW>
+// stages (3 or more); NW: warps a block (whole warpgroups; the x copy's passes hold whole 8-token groups);
+// AB: A-register buffers (2 or 4: wgmma groups in flight behind the decode).
+template <int NTOK, int RT, int KI, int GS, int ST, int NW, int AB>
 __global__ void __launch_bounds__(NW * 32) trit_wgmma(const U4* __restrict__ wq, const u32* __restrict__ sc,
                                                   const u16* __restrict__ x, u16* __restrict__ y,
                                                   float* __restrict__ ws, int* __restrict__ locks, int M, int N,
@@ -52,6 +54,7 @@ __global__ void __launch_bounds__(NW * 32) trit_wgmma(const U4* __restrict__ wq,
     constexpr int S_BYTES = GS == 0 ? 0 : NW * RT * NGC * 32;
     constexpr int STAGE = (X_BYTES + W_BYTES + S_BYTES + 1023) / 1024 * 1024;  // atoms on 1024-byte boundaries
     static_assert(ST >= 3, "a stage is refilled two chunks after it was read");
+    static_assert((AB == 2 || AB == 4) && (8 * KI) % AB == 0, "the buffers cycle over a chunk's k16 steps");
     extern __shared__ __align__(128) unsigned char smem[];  // [ST][x | codes | scales], from a 1024-byte boundary
 
     {  // this block's slice of tokens
@@ -145,7 +148,7 @@ __global__ void __launch_bounds__(NW * 32) trit_wgmma(const U4* __restrict__ wq,
         if (c0 + s < c1) load_stage(s);
         cp_async_commit();
     }
-    u32 a[2][RT][4];
+    u32 a[AB][RT][4];
     int st_use = 0, st_fill = ST - 2;
     for (int c = c0; c < c1; ++c) {
         cp_async_wait<ST - 3>();
@@ -172,18 +175,19 @@ __global__ void __launch_bounds__(NW * 32) trit_wgmma(const U4* __restrict__ wq,
                                     : lds32(sb + X_BYTES + W_BYTES + ((warp * RT + r) * NGC * 8 + (word / WPG) * 8 + g) * 4);
 #pragma unroll
                 for (int s = 0; s < 2; ++s) {
+                    const int q = (word * 2 + s) % AB;  // this step's buffer
 #pragma unroll
                     for (int r = 0; r < RT; ++r) {
                         const u32 w = j == 0 ? wv[r].x : j == 1 ? wv[r].y : j == 2 ? wv[r].z : wv[r].w;
-                        decode(w, s, splat_lo(sw[r]), splat_hi(sw[r]), mask, a[s][r]);
+                        decode(w, s, splat_lo(sw[r]), splat_hi(sw[r]), mask, a[q][r]);
                     }
                     const int kk = i * 128 + j * 32 + s * 16;
                     const unsigned long long d = smem_desc_sw128(sb + (kk / 64) * NTOK * 128 + (kk % 64) * 2);
                     wgmma_fence();
 #pragma unroll
-                    for (int r = 0; r < RT; ++r) wgmma_bf16<NTOK>(acc[r], a[s][r], d);
+                    for (int r = 0; r < RT; ++r) wgmma_bf16<NTOK>(acc[r], a[q][r], d);
                     wgmma_commit();
-                    wgmma_wait<1>();
+                    wgmma_wait<AB - 1>();
                 }
             }
         }

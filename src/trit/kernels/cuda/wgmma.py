@@ -49,7 +49,8 @@ def source() -> str:
 @dataclass(frozen=True)
 class WgmmaConfig:
     """``ntok`` tokens a block, ``rt`` row tiles of 16 a warp, ``ki`` 128-input steps a chunk, ``splits`` of K,
-    ``stages`` of the shared-memory ring, ``warps`` a block (a multiple of 4 ``ki``)."""
+    ``stages`` of the shared-memory ring, ``warps`` a block (a multiple of 4 ``ki``), ``bufs`` A-register
+    buffers (2 or 4: the wgmma groups in flight behind the decode)."""
 
     ntok: int = 128
     rt: int = 1
@@ -57,6 +58,7 @@ class WgmmaConfig:
     splits: int = 1
     stages: int = 3
     warps: int = 8
+    bufs: int = 2
 
 
 def x_stage_offsets(cfg: WgmmaConfig) -> torch.Tensor:
@@ -85,15 +87,17 @@ def smem_bytes(cfg: WgmmaConfig, group_size: int) -> int:
 
 def kernel_name(cfg: WgmmaConfig, group_size: int) -> str:
     gs = 0 if group_size == fmt.PER_ROW else group_size
-    return f"trit_wgmma<{cfg.ntok}, {cfg.rt}, {cfg.ki}, {gs}, {cfg.stages}, {cfg.warps}>"
+    return f"trit_wgmma<{cfg.ntok}, {cfg.rt}, {cfg.ki}, {gs}, {cfg.stages}, {cfg.warps}, {cfg.bufs}>"
 
 
 def valid(cfg: WgmmaConfig) -> bool:
     """Whole warpgroups; copy passes of whole 8-token groups that cover the tokens; 3 stages or more; at most 4
     128-input steps a chunk (a warp copies the chunk's scales, 16 groups of 32 at most); accumulators that leave
-    registers for the rest (rt * ntok / 2 <= 128): ``wgmma.cu``'s static asserts and its register budget."""
+    registers for the rest (rt * ntok / 2 <= 128); 2 or 4 A-register buffers: ``wgmma.cu``'s static asserts
+    and its register budget."""
     threads = cfg.warps * 32
-    if cfg.ntok not in TOKENS or cfg.warps % 4 or cfg.stages < 3 or cfg.rt * cfg.ntok > 256 or cfg.ki > 4:
+    if cfg.ntok not in TOKENS or cfg.warps % 4 or cfg.stages < 3 or cfg.rt * cfg.ntok > 256 or cfg.ki > 4 \
+            or cfg.bufs not in (2, 4):
         return False
     if threads % (cfg.ki * mma.K_STEP):
         return False
@@ -126,7 +130,7 @@ def configs_for(m: int, r: mma.MmaWeights, sms: int) -> list[WgmmaConfig]:
                 blocks *= -(-m // ntok)
                 for sk in (1, 2, 4):
                     if sk == 1 or (sk <= chunks // 2 and blocks * sk <= 4 * sms):
-                        out.append(replace(cfg, splits=sk, stages=stages))
+                        out += [replace(cfg, splits=sk, stages=stages, bufs=b) for b in (2, 4)]
     return out
 
 
