@@ -5,23 +5,39 @@ one text table per worker when a profile stops (``profiler_out_0.txt`` in vLLM
 0.25, ``<worker>.profiler_out.txt`` in 0.32): one row an op or kernel, with its
 self time on the CPU and, where a GPU was profiled, on the device, and its
 calls. :func:`parse` turns it into numbers; :func:`summarize` adds them up by
-what the time went to (trit's kernels, matrix multiplies, attention, the rest),
+what the time went to (trit's kernels, attention, matrix multiplies, the rest),
 the figures ``trit bench serve --profile`` records.
+
+In a GPU table three kinds of row carry device time: kernels (and memcpy /
+memset), with no CPU time of their own; CPU ops and runtime calls
+(``aten::mm``, ``cudaGraphLaunch``), whose device column repeats the time of
+the kernels they launched; and vLLM's step annotations
+(``execute_context_<requests>(<tokens>)_generation_<requests>(<tokens>)``),
+whose device time is a step's span on the GPU, first kernel to last. Only the
+kernels add up to the table's total; the spans of decode-only steps give the
+GPU time a step takes beside the kernel time in it.
+
+    python -m trit.bench.profile_table serve.json   # the profile entries again, from the tables kept beside it
 """
 
 from __future__ import annotations
 
+import argparse
+import json
 import re
+from pathlib import Path
 
 UNITS = {"ns": 1e-3, "us": 1.0, "ms": 1e3, "s": 1e6}
-# what a kernel's time goes to, by its name (first match wins): trit's CUDA and Triton kernels, dense matrix
-# multiplies (cuBLAS, CUTLASS), attention
+# what a kernel's time goes to, by its name (first match wins): trit's CUDA and Triton kernels, attention (before
+# the GEMMs: FlashAttention 3's kernels are CUTLASS device kernels), dense matrix multiplies (cuBLAS, CUTLASS)
 GROUPS = (
     ("trit", re.compile(r"trit_|trit::|_gemv_kernel|_skinny_kernel|_gemm_kernel|_gemm_a8_kernel|_mm_a8_kernel|_dequant_kernel"
                         r"|_codes_int8_kernel|_quantize_rows")),
-    ("gemm", re.compile(r"gemm|nvjet|cutlass|xmma|cublas", re.IGNORECASE)),
     ("attention", re.compile(r"flash|attn|attention", re.IGNORECASE)),
+    ("gemm", re.compile(r"gemm|nvjet|cutlass|xmma|cublas", re.IGNORECASE)),
 )
+# vLLM's annotation of an engine step: requests (tokens) of context (prefill) and of generation (decode)
+STEP = re.compile(r"execute_context_(\d+)\((\d+)\)_generation_(\d+)\((\d+)\)")
 
 
 def _time_us(cell: str) -> float | None:
@@ -74,20 +90,58 @@ def group(name: str) -> str:
 
 
 def summarize(table: dict, steps: int, top: int = 25) -> dict:
-    """Device time (or CPU time, where no device was profiled) by group and a step, and the ``top`` rows.
+    """Device time (or CPU time, where no device was profiled) by group and a step, and the ``top`` rows; on a
+    device, also the mean GPU span of a decode-only step (``decode_step_span_us``, over ``decode_steps``), from
+    vLLM's step annotations.
 
     ``steps``: the engine steps the profile covered (for a decode-bound run, output tokens over concurrency)."""
-    key = "self_device_us" if table["self_device_total_us"] is not None else "self_cpu_us"
-    total = table["self_device_total_us"] if key == "self_device_us" else table["self_cpu_total_us"]
-    kernels = [r for r in table["rows"] if r[key]]
+    device = table["self_device_total_us"] is not None
+    key = "self_device_us" if device else "self_cpu_us"
+    total = table["self_device_total_us"] if device else table["self_cpu_total_us"]
+    spans = [(STEP.fullmatch(r["name"]), r) for r in table["rows"] if device and r[key]]
+    decode = [r for m, r in spans if m and m.group(1) == "0" and r["calls"]]
+    # on a device: kernels only (a CPU op's device column repeats its kernels' time; an annotation is a span)
+    kernels = [r for r in table["rows"] if r[key] and not (device and (r["self_cpu_us"] or STEP.fullmatch(r["name"])))]
     by_group: dict[str, float] = {}
     for r in kernels:
         by_group[group(r["name"])] = by_group.get(group(r["name"]), 0.0) + r[key]
     listed = sum(by_group.values())
-    if total is not None and total > listed:  # rows past the table's row limit
+    # rows past the table's row limit; the total is printed to 4 digits, so a smaller difference is its rounding
+    if total is not None and total - listed > 2e-3 * total:
         by_group["not listed"] = total - listed
     per_step = 1 / max(steps, 1)
-    return {"clock": "device" if key == "self_device_us" else "cpu", "steps": steps,
+    decode_steps = sum(r["calls"] for r in decode)
+    return {"clock": "device" if device else "cpu", "steps": steps,
             "total_us": total, "us_per_step": None if total is None else total * per_step,
             "us_per_step_by_group": {g: v * per_step for g, v in sorted(by_group.items(), key=lambda kv: -kv[1])},
+            "decode_steps": decode_steps,
+            "decode_step_span_us": sum(r[key] for r in decode) / decode_steps if decode_steps else None,
             "top": sorted(kernels, key=lambda r: -r[key])[:top]}
+
+
+def resummarize(result_path: Path) -> dict:
+    """A ``trit bench serve`` JSON with each server's ``profile`` entry made again from the table kept beside it
+    (the same steps), as this module reads tables now. Returns the result; the caller writes it."""
+    result = json.loads(result_path.read_text())
+    for server in result["servers"]:
+        prof = server.get("profile") or {}
+        if prof.get("table") and not prof.get("error"):
+            table = parse((result_path.parent / prof["table"]).read_text(errors="replace"))
+            server["profile"] = {**{k: prof[k] for k in ("concurrency", "prompts", "level")}, "table": prof["table"],
+                                 **summarize(table, prof["steps"])}
+    return result
+
+
+def main(argv: list[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(prog="python -m trit.bench.profile_table",
+                                 description="Make a trit bench serve JSON's profile entries again from the "
+                                             "profiler tables kept beside it (in place).")
+    ap.add_argument("results", type=Path, nargs="+", help="trit bench serve JSON files")
+    for path in ap.parse_args(argv).results:
+        path.write_text(json.dumps(resummarize(path), indent=1))
+        print(f"rewrote {path}")
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

@@ -242,8 +242,9 @@ def _profile_line(s: Server) -> str:
         return f"{s.model:11} {s.weights:5} profile c={p.get('concurrency')}: ERROR {p['error']}"
     groups = ", ".join(f"{g} {v:.0f}" for g, v in p["us_per_step_by_group"].items())
     tpot = p["level"]["tpot_ms"].get("median") or 0
+    span = f"; a decode step spans {p['decode_step_span_us']:.0f} us on the GPU" if p.get("decode_step_span_us") else ""
     return (f"{s.model:11} {s.weights:5} profile c={p['concurrency']}: {p['us_per_step']:.0f} us of {p['clock']} "
-            f"time a step ({groups}); TPOT p50 {tpot:.2f} ms under the profiler")
+            f"time a step ({groups}){span}; TPOT p50 {tpot:.2f} ms under the profiler")
 
 
 def _line(s: Server, lv: Level) -> str:
@@ -347,6 +348,7 @@ def main(argv: list[str] | None = None) -> int:
     args = parse_args(argv)
     result = {"command": " ".join(["trit bench serve", *(argv if argv is not None else sys.argv[3:])]),
               "started": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
+              "env": {k: v for k, v in sorted(os.environ.items()) if k.startswith("TRIT_")},  # TRIT_LAYOUT, ...
               "device": _device(), "gpu_total_mib": _gpu_total_mib(), "versions": _versions(), "input_len": args.input_len,
               "output_len": args.output_len, "gpu_memory_utilization": args.gpu_memory_utilization, "servers": []}
     args.out.parent.mkdir(parents=True, exist_ok=True)
