@@ -348,6 +348,34 @@ def serve() -> str:
     return "\n".join(lines)
 
 
+def serve_profile() -> str:
+    """``trit bench serve --profile`` runs: where a step's device time goes, against the step's wall time."""
+    lines = ["| run | model | weights | concurrency | TPOT p50 ms, measured level / under the profiler | "
+             "kernel time a step, us | trit / attention / GEMM / other, us | a decode step's GPU span, us | "
+             "span / kernel time |", "|---|---|---|---|---|---|---|---|---|"]
+    for f in sorted((RESULTS / "serve-profile").glob("*.json")):
+        run = json.loads(f.read_text())
+        layout = run.get("env", {}).get("TRIT_LAYOUT") or "auto"
+        for sv in run["servers"]:
+            p = sv.get("profile")
+            if not p or p.get("error"):
+                continue
+            c = p["concurrency"]
+            measured = next((lv["tpot_ms"]["median"] for lv in sv["levels"] if lv["concurrency"] == c), None)
+            by = p["us_per_step_by_group"]
+            split = " / ".join(f"{by.get(g, 0):.0f}" for g in ("trit", "attention", "gemm", "other"))
+            weights = sv["weights"] + (f" ({layout} layout)" if sv["weights"] == "trit" else "")
+            lines.append(f"| `{f.name}` | {sv['model']} | {weights} | {c} | "
+                         f"{'-' if measured is None else f'{measured:.2f}'} / {p['level']['tpot_ms']['median']:.2f} | "
+                         f"{p['us_per_step']:.0f} | {split} | {p['decode_step_span_us']:.0f} | "
+                         f"x{p['decode_step_span_us'] / p['us_per_step']:.2f} |")
+    lines += ["", "Kernel time a step: the worker's profiler table, kernels only, over the profiled level's steps "
+              "(prefill's share included); GEMM: cuBLAS and CUTLASS outside attention (the lm_head, and bf16's "
+              "linears); a decode step's span: vLLM's annotation of decode-only steps, first kernel to last on the "
+              "GPU, under the profiler. The measured level ran on the same server before the profiler started."]
+    return "\n".join(lines)
+
+
 def _last_flag(args: list[str], flag: str, default: str | None = "-") -> str | None:
     """The value a command line gives ``flag`` (``--flag V``, ``--flag=V``, or with underscores, as vLLM's parser
     also takes): its last, as argparse takes it."""
@@ -699,7 +727,7 @@ def decode_plots() -> str:
     return "wrote " + ", ".join(str(p) for p in sorted(DECODE.glob("decode_*.png")))
 
 
-TABLES = {"kernels": kernels, "mma": mma, "speedups": speedups, "serving": serving, "serve": serve, "repack": repack, "lm-head": lm_head, "layout-scales": layout_scales, "serve-budget": serve_budget, "plan-vllm": plan_vllm, "cpu": cpu, "cpu-models": cpu_models, "domains": domains, "domains-headline": domains_headline,
+TABLES = {"kernels": kernels, "mma": mma, "speedups": speedups, "serving": serving, "serve": serve, "serve-profile": serve_profile, "repack": repack, "lm-head": lm_head, "layout-scales": layout_scales, "serve-budget": serve_budget, "plan-vllm": plan_vllm, "cpu": cpu, "cpu-models": cpu_models, "domains": domains, "domains-headline": domains_headline,
           "vllm": vllm, "a8": a8, "ptq": ptq, "quality": quality, "decode": decode, "decode-plots": decode_plots,
           "serve-plot": serve_plot}
 _BLOCK = re.compile(r"(<!-- table:([\w-]+) -->\n)(.*?)(<!-- /table:\2 -->)", re.S)
