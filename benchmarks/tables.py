@@ -297,20 +297,29 @@ def serve() -> str:
     # model: concurrency: weights: (measured beside the other weight kind in the same run, level). A level both
     # kinds ran in one invocation (same machine state, same client) wins over one measured alone; else the later run
     by_level: dict[str, dict[int, dict[str, tuple[bool, dict]]]] = {}
+    sys.path.insert(0, str(SRC))
+    from trit.bench.serve import median_levels
+
     for run, _ in runs:
-        kinds = {(sv["model"], lv["concurrency"], sv["weights"]) for sv in run["servers"] for lv in sv["levels"]}
         for sv in run["servers"]:
-            if sv["levels"]:
-                key = (sv["model"], sv["weights"])
-                if key not in servers or len(sv["levels"]) > len(servers[key][0]["levels"]):
-                    servers[key] = (sv, run)
-                for lv in sv["levels"]:
-                    paired = all((sv["model"], lv["concurrency"], w) in kinds for w in ("bf16", "trit"))
-                    slot = by_level.setdefault(sv["model"], {}).setdefault(lv["concurrency"], {})
-                    if paired or not slot.get(sv["weights"], (False,))[0]:
-                        slot[sv["weights"]] = (paired, lv)
+            key = (sv["model"], sv["weights"])
+            if sv["levels"] and (key not in servers or len(sv["levels"]) > len(servers[key][0]["levels"])):
+                servers[key] = (sv, run)
+        # a run's levels, failed ones included (they count in "failed"); with --starts, the start of median
+        # throughput, its starts' throughputs beside it
+        med = median_levels(run["servers"])
+        levels = {(sv["model"], sv["weights"], lv["concurrency"]): (lv, [])
+                  for sv in run["servers"] for lv in sv["levels"]}
+        levels.update(med)
+        kinds = {(m, c, w) for m, w, c in levels}
+        for (model, weights, c), (lv, tps) in levels.items():
+            paired = all((model, c, w) in kinds for w in ("bf16", "trit"))
+            slot = by_level.setdefault(model, {}).setdefault(c, {})
+            if paired or not slot.get(weights, (False,))[0]:
+                slot[weights] = (paired, {**lv, "starts": tps})
     lines = ["| model | concurrency | output tok/s bf16 | trit | trit / bf16 | TPOT p50 ms bf16 / trit | "
-             "TPOT p99 ms bf16 / trit | TTFT p50 ms bf16 / trit | failed |", "|---|---|---|---|---|---|---|---|---|"]
+             "TPOT p99 ms bf16 / trit | TTFT p50 ms bf16 / trit | failed | server starts bf16 / trit |",
+             "|---|---|---|---|---|---|---|---|---|---|"]
     for model in dict.fromkeys(m for m, _ in servers):
         levels = by_level[model]
         for c in sorted(levels):
@@ -328,11 +337,19 @@ def serve() -> str:
             ratio = (f"x{lt['output_tokens_per_s'] / lb['output_tokens_per_s']:.2f}{' *' if apart else ''}"
                      if lb and lt else "-")
             failed = sum(lv["failed"] for lv in (lb, lt) if lv)
+
+            def starts(lv) -> str:
+                tps = (lv or {}).get("starts") or []
+                if len(tps) < 2:
+                    return "1" if lv else "-"
+                mid = sorted(tps)[(len(tps) - 1) // 2]
+                return f"{len(tps)}, {(max(tps) - min(tps)) / mid:.0%} apart"
+
             lines.append(f"| {model} | {c} | {num(lb, '.0f', 'output_tokens_per_s')} | "
                          f"{num(lt, '.0f', 'output_tokens_per_s')} | {ratio} | {num(lb, '.2f', 'tpot_ms', 'median')} / "
                          f"{num(lt, '.2f', 'tpot_ms', 'median')} | {num(lb, '.2f', 'tpot_ms', 'p99')} / "
                          f"{num(lt, '.2f', 'tpot_ms', 'p99')} | {num(lb, '.0f', 'ttft_ms', 'median')} / "
-                         f"{num(lt, '.0f', 'ttft_ms', 'median')} | {failed} |")
+                         f"{num(lt, '.0f', 'ttft_ms', 'median')} | {failed} | {starts(lb)} / {starts(lt)} |")
     lines += ["", "| model | weights GiB bf16 / trit | KV-cache tokens bf16 / trit | trit / bf16 |", "|---|---|---|---|"]
     for model in dict.fromkeys(m for m, _ in servers):
         b, t = (servers.get((model, w), (None, None))[0] or {} for w in ("bf16", "trit"))
@@ -344,7 +361,8 @@ def serve() -> str:
               f"dummy weights), driven by vLLM's serving benchmark client: random prompts of {any_run['input_len']} "
               f"tokens, {any_run['output_len']} output tokens each (`--ignore-eos`), {any_run['device']}; "
               "`benchmarks/results/serve/*.json` hold the commands. `-`: not measured; `*`: the two weight kinds "
-              "were served in separate invocations."]
+              "were served in separate invocations; with several server starts (`--starts`), the start of median "
+              "throughput, and how far the starts' throughputs lay apart."]
     return "\n".join(lines)
 
 

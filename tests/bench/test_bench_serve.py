@@ -62,3 +62,49 @@ def test_a_client_that_fails_silently_fails_its_level(tmp_path: Path, monkeypatc
     serve.run_client("http://127.0.0.1:1", tmp_path, level, 32, 8, tmp_path, timeout=60)
     assert level.error == "client exit code 3, no result file client-c4.json, no output"
     assert level.completed == 0 and level.output_tokens_per_s == 0
+
+
+def _level(c: int, tps: float, tpot: float, error: str | None = None) -> dict:
+    return {"concurrency": c, "prompts": 4, "completed": 0 if error else 4, "failed": 4 if error else 0,
+            "output_tokens_per_s": tps, "ttft_ms": {"median": 10.0, "p99": 12.0},
+            "tpot_ms": {"median": tpot, "p99": tpot}, "itl_ms": {}, "seconds": 1.0, "error": error}
+
+
+def test_several_starts_give_the_start_of_median_throughput_and_their_spread() -> None:
+    from trit.bench import serve
+
+    servers = [{"model": "tiny", "weights": "trit", "start": n, "levels": [_level(1, tps, 1000 / tps)]}
+               for n, tps in enumerate((100.0, 80.0, 120.0))]
+    servers.append({"model": "tiny", "weights": "bf16", "start": 0,
+                    "levels": [_level(1, 50.0, 20.0), _level(4, 0.0, 0.0, error="boom")]})
+    med = serve.median_levels(servers)
+    assert list(med) == [("tiny", "trit", 1), ("tiny", "bf16", 1)]  # the failed level is left out
+    level, tps = med[("tiny", "trit", 1)]
+    assert level["output_tokens_per_s"] == 100.0 and tps == [100.0, 80.0, 120.0]
+    two = serve.median_levels(servers[:2])[("tiny", "trit", 1)][0]
+    assert two["output_tokens_per_s"] == 80.0  # an even count: the lower middle start
+
+    result = {"command": "trit bench serve", "device": "cpu", "versions": {"vllm": "0"}, "servers": servers}
+    figures = serve.guard_report(result).figures
+    assert figures["tiny trit c=1: TPOT p50"].value == 10.0 and figures["tiny trit c=1: TPOT p50"].spread == 0.4
+    assert figures["tiny bf16 c=1: TPOT p50"].spread is None and "tiny bf16 c=4: TPOT p50" not in figures
+
+
+def test_starts_take_turns_between_weight_kinds(tmp_path: Path, monkeypatch) -> None:
+    from trit.bench import serve
+
+    order = []
+
+    def fake_server(shape, weights, args, work, save, start):
+        order.append((shape, weights, start))
+        return serve.Server(shape, weights, [], start=start)
+
+    monkeypatch.setattr(serve, "run_server", fake_server)
+    monkeypatch.setattr(serve, "plot", lambda result, path: None)
+    out = tmp_path / "serve.json"
+    assert serve.main(["--models", "tiny", "--weights", "bf16,trit", "--starts", "2", "--out", str(out)]) == 0
+    assert order == [("tiny", "bf16", 0), ("tiny", "trit", 0), ("tiny", "bf16", 1),
+                                      ("tiny", "trit", 1)]
+    assert [s["start"] for s in json.loads(out.read_text())["servers"]] == [0, 0, 1, 1]
+    with pytest.raises(SystemExit):
+        serve.main(["--models", "tiny", "--starts", "0", "--out", str(out)])

