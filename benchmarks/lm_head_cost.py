@@ -31,11 +31,12 @@ def round_head(w: torch.Tensor, kind: str) -> torch.Tensor:
     """``w`` (V, H) rounded to ``kind`` with one scale a row, and back to its dtype (``as stored``: unchanged)."""
     if kind == "as stored":
         return w.clone()
+    if kind == "int8":  # the rounding the runtime and the vLLM plugin serve (trit.kernels.int8_rows)
+        from trit.kernels import int8_rows
+
+        return int8_rows.dequantize_rows(*int8_rows.quantize_rows(w), w.dtype)
     wf = w.float()
     amax = wf.abs().amax(dim=1, keepdim=True).clamp_min(1e-12)
-    if kind == "int8":
-        s = amax / 127
-        return (torch.round(wf / s).clamp(-127, 127) * s).to(w.dtype)
     if kind == "fp8":
         s = amax / 448
         return ((wf / s).to(torch.float8_e4m3fn).float() * s).to(w.dtype)

@@ -439,6 +439,24 @@ def lm_head() -> str:
     return "\n".join(lines)
 
 
+def lm_head_speed() -> str:
+    """``benchmarks/lm_head_speed.py``: the int8 output layer against the bf16 one, a call's time by M."""
+    d = json.loads((RESULTS / "lm_head_speed_h200.json").read_text())
+    ms = sorted({r["m"] for r in d["rows"]})
+    lines = ["| head (vocab x hidden) | " + " | ".join(f"M={m}" for m in ms) + " |", "|---|" + "---|" * len(ms)]
+    for model in dict.fromkeys(r["model"] for r in d["rows"]):
+        rows = {r["m"]: r for r in d["rows"] if r["model"] == model}
+        first = next(iter(rows.values()))
+        cells = [f"{rows[m]['int8_us']:.0f} / {rows[m]['bf16_us']:.0f} (x{rows[m]['speedup_vs_bf16']:.2f})" for m in ms]
+        lines.append(f"| {model} ({first['n']} x {first['k']}) | " + " | ".join(cells) + " |")
+    best = max(d["rows"], key=lambda r: r["int8_frac_copy_bw"])
+    lines += ["", f"Device time a call, us, int8 rows / bf16 cuBLAS (x: bf16 / int8), CUDA-graph replays, {d['device']}, "
+              f"torch {d['torch']}, triton {d['triton']}; at best {best['int8_frac_copy_bw']:.0%} of the "
+              f"{d['copy_bandwidth_bytes_per_s'] / 1e9:.0f} GB/s copy bandwidth of the same run ({best['model']}, "
+              f"M={best['m']}); `benchmarks/results/lm_head_speed_h200.json` holds the command."]
+    return "\n".join(lines)
+
+
 def repack() -> str:
     """Seconds to repack whole models to the mma layout at load (``benchmarks/repack_time.py``)."""
     d = json.loads((RESULTS / "repack_h200.json").read_text())
@@ -745,7 +763,7 @@ def decode_plots() -> str:
     return "wrote " + ", ".join(str(p) for p in sorted(DECODE.glob("decode_*.png")))
 
 
-TABLES = {"kernels": kernels, "mma": mma, "speedups": speedups, "serving": serving, "serve": serve, "serve-profile": serve_profile, "repack": repack, "lm-head": lm_head, "layout-scales": layout_scales, "serve-budget": serve_budget, "plan-vllm": plan_vllm, "cpu": cpu, "cpu-models": cpu_models, "domains": domains, "domains-headline": domains_headline,
+TABLES = {"kernels": kernels, "mma": mma, "speedups": speedups, "serving": serving, "serve": serve, "serve-profile": serve_profile, "repack": repack, "lm-head": lm_head, "lm-head-speed": lm_head_speed, "layout-scales": layout_scales, "serve-budget": serve_budget, "plan-vllm": plan_vllm, "cpu": cpu, "cpu-models": cpu_models, "domains": domains, "domains-headline": domains_headline,
           "vllm": vllm, "a8": a8, "ptq": ptq, "quality": quality, "decode": decode, "decode-plots": decode_plots,
           "serve-plot": serve_plot}
 _BLOCK = re.compile(r"(<!-- table:([\w-]+) -->\n)(.*?)(<!-- /table:\2 -->)", re.S)

@@ -131,6 +131,17 @@ def test_planes_in_the_config() -> None:
     assert fmt.layer_names(["a.weight_packed_2", "b.weight_scale", "c.weight"]) == ["a", "b"]
 
 
+def test_the_lm_head_choice_in_the_config() -> None:
+    base = {"quant_method": "trit", "format_version": 1, "group_size": 64}
+    assert fmt.TritConfig.from_dict(base).lm_head == "stored"
+    assert "lm_head" not in fmt.TritConfig.from_dict(base).to_dict()  # the default is not written
+    cfg = fmt.TritConfig.from_dict({**base, "lm_head": "int8"})
+    assert cfg.lm_head == "int8" and cfg.to_dict()["lm_head"] == "int8" and not cfg.extra
+    with pytest.raises(fmt.FormatError, match="quantization_config.lm_head: expected one of 'stored', 'int8', "
+                                              "found 'fp8'"):
+        fmt.TritConfig.from_dict({**base, "lm_head": "fp8"})
+
+
 @pytest.mark.parametrize(("n", "k", "group"), [(8, 64, 32), (5, 576, 64), (7, 576, 128), (3, 20, -1), (4, 100, 12)])
 def test_dequantize_is_the_format(n: int, k: int, group: int) -> None:
     values, packed, scale = make_layer(n, k, group)

@@ -82,7 +82,8 @@ def test_bad_group_size_is_refused_naming_the_layers(tiny_w4a8: Path, tmp_path: 
     assert left_behind(tmp_path) == [] and digest(src) == before
 
 
-@pytest.mark.parametrize("flag", [["--planes", "2"], ["--keep", "lm_head"], ["--method", "absmean"]])
+@pytest.mark.parametrize("flag", [["--planes", "2"], ["--keep", "lm_head"], ["--method", "absmean"],
+                                  ["--lm-head", "int8"]])
 def test_ternary_only_flags_are_refused(tiny_w4a8: Path, tmp_path: Path, flag: list[str]) -> None:
     proc = trit("quantize", tiny_w4a8.parent / "float", tmp_path / "o", "--scheme", "w4a8", *flag, check=False)
     refused(proc, flag[0], "ternary only")

@@ -40,6 +40,7 @@ def quantize_w4a8_cli(args: argparse.Namespace) -> int:
     from trit.w4a8 import quantize_w4a8
 
     ternary_only = [flag for flag, used in (("--planes", args.planes != 1), ("--keep", bool(args.keep)),
+                                            ("--lm-head", args.lm_head != "stored"),
                                             ("--method", args.method != Method.GPTQ.value),
                                             ("--float-target", args.float_target is not None)) if used]
     if ternary_only:
@@ -79,7 +80,7 @@ def convert_options(args: argparse.Namespace) -> ConvertOptions:
         method=Method(args.method), group_size=_int_flag(args.group_size, "--group-size"),
         keep=tuple(k.strip() for k in args.keep.split(",") if k.strip()),
         pad_policy=fmt.PadPolicy(args.pad), scale_dtype=fmt.ScaleDtype(args.scale_dtype),
-        overwrite=args.overwrite, device=args.device, planes=args.planes,
+        overwrite=args.overwrite, device=args.device, planes=args.planes, lm_head=args.lm_head,
         calib=calib_options(args),  # a file or a corpus name
         act_order=args.act_order, damp=args.damp, float_target=args.float_target,
         passes=ConvertOptions.passes if args.passes is None else args.passes,
@@ -219,6 +220,10 @@ def _quantize_parser(sub) -> None:
     q.add_argument("--planes", type=int, default=d.planes, choices=[1, 2],
                    help="ternary planes per layer: 2 stores W = a1*T1 + a2*T2 (about 4.5 bits a weight)")
     q.add_argument("--keep", default="", help="ternary: comma-separated modules (globs allowed) kept in high precision")
+    q.add_argument("--lm-head", choices=list(fmt.LM_HEADS), default=d.lm_head,
+                   help="ternary: the output layer when the model is served: as stored, or int8 rows (one scale a "
+                        "row, rounded when loaded; half the bytes a decode step reads there); TRIT_LM_HEAD overrides "
+                        "it at load time")
     q.add_argument("--pad", choices=[x.value for x in fmt.PadPolicy], default=d.pad_policy.value,
                    help="ternary: layers whose K is not a multiple of the group: pad with zeros, or keep them")
     q.add_argument("--scale-dtype", choices=[x.value for x in fmt.ScaleDtype], default=d.scale_dtype.value,

@@ -45,6 +45,7 @@ class ConvertOptions:
     overwrite: bool = False
     device: str = "cpu"  # where the quantizer runs
     planes: int = 1  # ternary planes per layer (2: trit-planes, about 4 bits a weight)
+    lm_head: str = "stored"  # the output layer when served: as stored, or "int8" rows (rounded when loaded)
     calib: CalibOptions = CalibOptions()  # gptq: calibration data
     # gptq: the settings of :class:`trit.quant.gptq.GptqOptions`, whose defaults are the ones stated
     act_order: bool = GptqOptions.act_order
@@ -171,6 +172,7 @@ def _trit_config(opts: ConvertOptions, plan: dict[str, LayerReport]) -> fmt.Trit
         pad_policy=opts.pad_policy,
         planes=opts.planes,
         modules_not_converted=ALWAYS_KEPT + tuple(kept),
+        lm_head=opts.lm_head,
     )
 
 

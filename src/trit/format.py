@@ -59,6 +59,7 @@ from trit.errors import TritError
 
 QUANT_METHOD = "trit"
 FORMAT_VERSION = 1
+LM_HEADS = ("stored", "int8")  # quantization_config.lm_head
 PACKED_SUFFIX = "weight_packed"
 SCALE_SUFFIX = "weight_scale"
 MAX_PLANES = 2
@@ -118,6 +119,9 @@ class TritConfig:
     planes: int = 1  # ternary planes summed per layer (trit-planes)
     modules_not_converted: tuple[str, ...] = ()
     format_version: int = FORMAT_VERSION
+    # the output layer when the model is served: "stored" (as the checkpoint holds it) or "int8" (rounded to int8
+    # rows with one scale each when loaded; trit.kernels.int8_rows). Written only when not "stored".
+    lm_head: str = "stored"
     extra: Mapping[str, Any] = field(default_factory=dict, compare=False)
 
     def __post_init__(self) -> None:
@@ -128,6 +132,9 @@ class TritConfig:
             raise FormatError(
                 "quantization_config.format_version", f"{FORMAT_VERSION}", repr(self.format_version)
             )
+        if self.lm_head not in LM_HEADS:
+            raise FormatError("quantization_config.lm_head", f"one of {', '.join(map(repr, LM_HEADS))}",
+                              repr(self.lm_head))
 
     def padded_k(self, k: int) -> int:
         """K rounded up to what this config stores: a whole number of groups and of bytes."""
@@ -148,6 +155,7 @@ class TritConfig:
             "activation": self.activation.value,
             "planes": self.planes,
             "modules_not_converted": list(self.modules_not_converted),
+            **({"lm_head": self.lm_head} if self.lm_head != "stored" else {}),
             **dict(self.extra),
         }
 
@@ -185,6 +193,8 @@ class TritConfig:
             kwargs["method"] = str(d["method"])
         if "planes" in d:
             kwargs["planes"] = d["planes"]
+        if "lm_head" in d:
+            kwargs["lm_head"] = d["lm_head"]
         modules = d.get("modules_not_converted", [])
         if not isinstance(modules, list) or not all(isinstance(m, str) for m in modules):
             raise FormatError(f"{where}.modules_not_converted", "a list of module names", repr(modules))

@@ -232,7 +232,7 @@ def heal(
     check_paths(ckpt_dir, out, overwrite)
     device = opts.device or runtime.default_device()
     # no kernel warm-up: the ternary layers are swapped for trainable ones at once
-    loaded = runtime.load(ckpt_dir, device=device, dtype=torch.float32, warm=False)
+    loaded = runtime.load(ckpt_dir, device=device, dtype=torch.float32, warm=False, lm_head="stored")  # it trains
     if loaded.trit_config is None:
         raise ConvertError(f"{ckpt_dir}: not a trit checkpoint (heal starts from a ternary model)")
     if loaded.trit_config.planes != 1:

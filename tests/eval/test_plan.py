@@ -46,3 +46,17 @@ def test_cli_says_when_it_does_not_fit(tiny_llama_trit: Path, capsys: pytest.Cap
     assert main(["plan", str(tiny_llama_trit), "--gpu-mem", "4GiB", "--kv-cache-dtype", "fp8"]) == 0
     assert main(["plan", str(tiny_llama_trit), "--gpu-mem", "huge"]) == 2
     assert "expected a size such as 24GiB" in capsys.readouterr().err
+
+
+def test_an_int8_head_is_planned_as_its_rows(tiny_llama_trit: Path, tmp_path: Path, monkeypatch) -> None:
+    cfg = json.loads((tiny_llama_trit / "config.json").read_text())
+    vocab, hidden = cfg["vocab_size"], cfg["hidden_size"]
+    shutil.copy(tiny_llama_trit / "config.json", tmp_path / "config.json")
+    stored = plan(tmp_path / "config.json", PlanOptions(group_size=32))
+    monkeypatch.setenv("TRIT_LM_HEAD", "int8")
+    int8 = plan(tmp_path / "config.json", PlanOptions(group_size=32))
+    tied = cfg.get("tie_word_embeddings", False)
+    saved = 0 if tied else vocab * hidden * 2
+    assert (int8.weights["embeddings and lm_head"] - stored.weights["embeddings and lm_head"]
+            == vocab * hidden + 4 * vocab - saved)
+    assert "lm_head in int8 rows" in int8.source and "int8" not in stored.source

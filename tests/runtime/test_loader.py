@@ -144,3 +144,34 @@ def test_load_warms_the_kernels_up_when_asked(tiny_llama_trit: Path, monkeypatch
     monkeypatch.setenv("TRIT_WARMUP", "1")
     runtime.load(tiny_llama_trit, device="cpu")
     assert calls == [torch.float32, torch.float32]
+
+
+@pytest.mark.parametrize("tie", [False, True])
+def test_an_int8_head_is_the_rounded_head(tmp_path: Path, monkeypatch, tie: bool) -> None:
+    """TRIT_LM_HEAD=int8 (or the checkpoint's lm_head) puts the output layer's int8 rows in its place: logits are
+    the stored head's rounded to 127 steps a row; a tied model's embeddings keep the float matrix."""
+    from trit.kernels import int8_rows
+
+    src = make_tiny_model(tmp_path / "float", hidden=64, intermediate=128, tie=tie)
+    out = tmp_path / "trit"
+    convert(src, out, ConvertOptions(method=Method.ABSMEAN, group_size=32), progress=False)
+    stored = runtime.load(out, device="cpu", dtype=torch.float32)
+    head = stored.model.get_output_embeddings().weight.detach().clone()
+    monkeypatch.setenv("TRIT_LM_HEAD", "int8")
+    loaded = runtime.load(out, device="cpu", dtype=torch.float32)
+    new = loaded.model.get_output_embeddings()
+    assert isinstance(new, int8_rows.Int8RowsLinear) and new.q.dtype == torch.int8
+    assert torch.equal(loaded.model.get_input_embeddings().weight, stored.model.get_input_embeddings().weight)
+    ids = torch.randint(3, 90, (2, 9))
+    with torch.inference_mode():
+        hidden = stored.model.model(ids).last_hidden_state
+        want = hidden @ int8_rows.dequantize_rows(*int8_rows.quantize_rows(head), torch.float32).T
+        torch.testing.assert_close(loaded.model(ids).logits, want, rtol=1e-4, atol=1e-4)
+        assert not torch.allclose(stored.model(ids).logits, want, rtol=1e-4, atol=1e-4)  # it did round
+    assert isinstance(runtime.load(out, device="cpu", lm_head="stored").model.get_output_embeddings(),
+                      torch.nn.Linear)  # the argument before the variable
+    with pytest.raises(ValueError, match="lm_head='fp8'"):
+        runtime.load(out, device="cpu", lm_head="fp8")
+    monkeypatch.setenv("TRIT_LM_HEAD", "fp8")
+    with pytest.raises(fmt.FormatError, match="TRIT_LM_HEAD: expected one of stored, int8, found 'fp8'"):
+        runtime.load(out, device="cpu")

@@ -5,7 +5,7 @@
 Writes the greedy continuations and prompt log-probs of a fixed prompt set as JSON, and beside it
 (``OUT.layers.json``) each linear layer of the model vLLM built, with its quantization method's class,
 its scheme's class where the method has one (compressed-tensors), the activation rounding the plugin set on it,
-and whether the plugin repacked it into the mma layout.
+and whether the plugin repacked it into the mma layout; and (``OUT.head.json``) the output layer's method.
 """
 
 import json
@@ -20,6 +20,12 @@ def linear_layers(model) -> list[dict]:
     return [{"name": name, "method": type(m.quant_method).__name__, "act_int8": getattr(m, "trit_act_int8", None),
              "tiled": getattr(m, "trit_tiled", None), "scheme": type(m.scheme).__name__ if hasattr(m, "scheme") else None}
             for name, m in model.named_modules() if isinstance(m, LinearBase)]
+
+
+def head_method(model) -> dict:
+    from vllm.model_executor.layers.vocab_parallel_embedding import ParallelLMHead
+
+    return {name: type(m.quant_method).__name__ for name, m in model.named_modules() if isinstance(m, ParallelLMHead)}
 
 
 if __name__ == "__main__":  # vLLM spawns workers: the guard is required
@@ -37,3 +43,5 @@ if __name__ == "__main__":  # vLLM spawns workers: the guard is required
         json.dump(result, f)
     with open(out + ".layers.json", "w") as f:
         json.dump(llm.apply_model(linear_layers)[0], f)
+    with open(out + ".head.json", "w") as f:
+        json.dump(llm.apply_model(head_method)[0], f)

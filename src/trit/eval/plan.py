@@ -27,6 +27,7 @@ from pathlib import Path
 from trit import format as fmt
 from trit.arch import is_decoder_linear, meta_model
 from trit.checkpoint import CONFIG_FILE, CheckpointError, open_checkpoint
+from trit.kernels import int8_rows
 
 GiB = 2**30
 _UNITS = {"": 1, "B": 1, "KB": 10**3, "MB": 10**6, "GB": 10**9, "TB": 10**12,
@@ -176,6 +177,12 @@ def plan(path: str | Path, opts: PlanOptions = PlanOptions()) -> Plan:
     if weights is None:
         weights = _weights_from_config(folder, cfg, opts)
         source = f"weights computed from config.json, group {_config_quant(cfg, opts)[0]}"
+    q = cfg.get("quantization_config") or {}
+    if q.get("quant_method") == fmt.QUANT_METHOD and int8_rows.head_choice(q.get("lm_head", "stored")) == "int8":
+        # the head's int8 rows and scales; untied, in place of the stored matrix; tied, beside the embeddings
+        tied = text.get("tie_word_embeddings", cfg.get("tie_word_embeddings", False))
+        weights["embeddings and lm_head"] += vocab * hidden + 4 * vocab - (0 if tied else vocab * hidden * opts.dtype_bytes)
+        source += "; lm_head in int8 rows"
     p = Plan(weights=weights, source=source, gpu_mem=opts.gpu_mem, overhead=opts.overhead,
              max_position_embeddings=text.get("max_position_embeddings"))
     p.kv_per_token = 2 * layers * kv_heads * head_dim * _DTYPE_BYTES[opts.kv_cache_dtype]

@@ -33,18 +33,21 @@ import torch
 from vllm.model_executor.layers import linear as vllm_linear
 from vllm.model_executor.layers.linear import LinearBase, LinearMethodBase, UnquantizedLinearMethod
 from vllm.model_executor.layers.quantization import register_quantization_config
-from vllm.model_executor.layers.quantization.base_config import QuantizationConfig
+from vllm.model_executor.layers.quantization.base_config import QuantizationConfig, QuantizeMethodBase
+from vllm.model_executor.layers.vocab_parallel_embedding import ParallelLMHead
 from vllm.model_executor.parameter import (
     ChannelQuantScaleParameter,
     GroupQuantScaleParameter,
     PackedvLLMParameter,
 )
+from vllm.model_executor.utils import set_weight_attrs
 
 import trit.ops  # registers torch.ops.trit.linear; warm_up
 from trit import format as fmt
 from trit.arch import linear_shapes
 from trit.checkpoint import Checkpoint, open_checkpoint
 from trit.errors import TritError
+from trit.kernels import int8_rows
 
 
 class TritCheckpointError(TritError, RuntimeError):
@@ -130,7 +133,35 @@ class TritVllmConfig(QuantizationConfig):
             if self._is_skipped(prefix):
                 return UnquantizedLinearMethod()
             return TritLinearMethod(self.trit, prefix)
+        if isinstance(layer, ParallelLMHead) and int8_rows.head_choice(self.trit.lm_head) == "int8":
+            return TritInt8HeadMethod()
         return None
+
+
+class TritInt8HeadMethod(QuantizeMethodBase):
+    """The output layer on int8 rows (``quantization_config.lm_head = "int8"`` or ``TRIT_LM_HEAD=int8``): loaded
+    as the checkpoint stores it, rounded to int8 with one scale a row (:mod:`trit.kernels.int8_rows`) when
+    loading ends. Untied, the stored matrix is then freed; tied, the embeddings keep it."""
+
+    def create_weights(self, layer: torch.nn.Module, input_size_per_partition: int,
+                       output_partition_sizes: list[int], input_size: int, output_size: int,
+                       params_dtype: torch.dtype, **extra_weight_attrs) -> None:
+        weight = torch.nn.Parameter(torch.empty(sum(output_partition_sizes), input_size_per_partition,
+                                                dtype=params_dtype), requires_grad=False)
+        set_weight_attrs(weight, {"input_dim": 1, "output_dim": 0})
+        layer.register_parameter("weight", weight)
+        set_weight_attrs(weight, extra_weight_attrs)
+
+    def process_weights_after_loading(self, layer: torch.nn.Module) -> None:
+        layer.trit_head_q, layer.trit_head_s = int8_rows.quantize_rows(layer.weight.data)
+        del layer.weight
+
+    def apply(self, layer: torch.nn.Module, x: torch.Tensor, bias: torch.Tensor | None = None) -> torch.Tensor:
+        return int8_rows.linear(x, layer.trit_head_q, layer.trit_head_s, bias)
+
+    def tie_weights(self, layer: torch.nn.Module, embed_tokens: torch.nn.Module) -> torch.nn.Module:
+        layer.weight = embed_tokens.weight
+        return layer
 
 
 class TritLinearMethod(LinearMethodBase):

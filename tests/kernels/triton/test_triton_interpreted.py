@@ -1,4 +1,4 @@
-"""Runs test_triton.py on the CPU under TRITON_INTERPRET=1 (which must be set before Triton compiles)."""
+"""Runs test_triton.py and test_int8_rows_triton.py on the CPU under TRITON_INTERPRET=1 (which must be set before Triton compiles)."""
 
 from __future__ import annotations
 
@@ -20,7 +20,8 @@ def test_kernels_interpreted_on_cpu() -> None:
     env = {**os.environ, "TRITON_INTERPRET": "1"}
     here = Path(__file__).parent
     proc = subprocess.run(
-        [sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", str(here / "test_triton.py")],
+        [sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", str(here / "test_triton.py"),
+         str(here / "test_int8_rows_triton.py")],
         capture_output=True, text=True, env=env, cwd=here.parents[2], timeout=1800,
     )
     summary = proc.stdout.strip().splitlines()[-1] if proc.stdout.strip() else proc.stderr[-2000:]
