@@ -4,22 +4,16 @@ file under ``TRITON_INTERPRET=1``."""
 
 from __future__ import annotations
 
-import os
-
 import pytest
 import torch
 
 pytest.importorskip("triton")
 
+from test_triton import CUDA, DEVICE, pytestmark  # noqa: E402, F401  (the same device choice and skip)
+
 from trit.kernels import int8_rows  # noqa: E402
 from trit.kernels.triton import int8_rows as kernel  # noqa: E402
 
-INTERPRET = os.environ.get("TRITON_INTERPRET") == "1"
-CUDA = torch.cuda.is_available() and not INTERPRET
-DEVICE = "cuda" if CUDA else "cpu"
-pytestmark = pytest.mark.skipif(
-    not (CUDA or INTERPRET), reason="needs a GPU; on a CPU test_triton_interpreted.py runs this file interpreted"
-)
 SHAPES = [(130, 96), (200, 576)] + ([(128256, 4096), (49152, 576)] if CUDA else [])
 
 
