@@ -114,7 +114,7 @@ def main() -> int:
     from trit import runtime, smollm2
     from trit.cli import main as trit_main
     from trit.corpora import halves, read
-    from trit.eval.overlap import check_disjoint
+    from trit.eval.overlap import check_disjoint_each
     from trit.eval.perplexity import PerplexityOptions, geometric_mean, perplexity, tokenize_text
 
     float_dir = smollm2.float_checkpoint()
@@ -169,10 +169,9 @@ def main() -> int:
         sources = [("calibration", _calibration_ids(float_dir, flags, args.device))] if calibrated else []
         if heal_report is not None:
             sources.append(("heal training windows", heal_report.train_windows))
-        for c in CORPORA:
-            spans = windows[c][: opts.seq_len * opts.max_windows]
-            for what, ids in sources:
-                check_disjoint(ids, spans, f"{name}: {what} against {c}")
+        spans = {c: windows[c][: opts.seq_len * opts.max_windows] for c in CORPORA}
+        for what, ids in sources:  # each source's n-grams built once, for every corpus
+            check_disjoint_each(ids, spans, f"{name}: {what}")
         ppl = {c: perplexity(loaded, windows[c], opts, progress=False).perplexity for c in CORPORA}
         row = {"variant": name, "command": command, "perplexity": ppl,
                "geometric_mean": geometric_mean(list(ppl.values())), "quantize_seconds": seconds}

@@ -8,6 +8,8 @@ the results scripts refuse to report a figure unless it is zero.
 
 from __future__ import annotations
 
+from collections.abc import Mapping
+
 import torch
 
 NGRAM = 32
@@ -34,3 +36,15 @@ def check_disjoint(train: torch.Tensor, evaluation: torch.Tensor, what: str, n: 
     shared = shared_ngrams(train, evaluation, n)
     if shared:
         raise OverlapError(f"{what}: {shared} {n}-token sequences also occur in the evaluation windows")
+
+
+def check_disjoint_each(train: torch.Tensor, evaluations: Mapping[str, torch.Tensor], what: str,
+                        n: int = NGRAM) -> None:
+    """:func:`check_disjoint` against several named evaluation texts, the training text's n-grams built once
+    (a large training set, such as heal's, checked against every corpus)."""
+    grams = _ngrams(train, n)
+    for name, evaluation in evaluations.items():
+        shared = len(grams & _ngrams(evaluation, n))
+        if shared:
+            raise OverlapError(f"{what} against {name}: {shared} {n}-token sequences also occur in its evaluation "
+                               "windows")
