@@ -317,9 +317,12 @@ def serve() -> str:
             slot = by_level.setdefault(model, {}).setdefault(c, {})
             if paired or not slot.get(weights, (False,))[0]:
                 slot[weights] = (paired, {**lv, "starts": tps})
+    repeated = any(len(lv.get("starts") or []) > 1 for kinds in by_level.values() for slots in kinds.values()
+                   for _, lv in slots.values())  # the starts column only where a run started a server twice
     lines = ["| model | concurrency | output tok/s bf16 | trit | trit / bf16 | TPOT p50 ms bf16 / trit | "
-             "TPOT p99 ms bf16 / trit | TTFT p50 ms bf16 / trit | failed | server starts bf16 / trit |",
-             "|---|---|---|---|---|---|---|---|---|---|"]
+             "TPOT p99 ms bf16 / trit | TTFT p50 ms bf16 / trit | failed |" + (" server starts bf16 / trit |"
+                                                                             if repeated else ""),
+             "|---|---|---|---|---|---|---|---|---|" + ("---|" if repeated else "")]
     for model in dict.fromkeys(m for m, _ in servers):
         levels = by_level[model]
         for c in sorted(levels):
@@ -349,7 +352,8 @@ def serve() -> str:
                          f"{num(lt, '.0f', 'output_tokens_per_s')} | {ratio} | {num(lb, '.2f', 'tpot_ms', 'median')} / "
                          f"{num(lt, '.2f', 'tpot_ms', 'median')} | {num(lb, '.2f', 'tpot_ms', 'p99')} / "
                          f"{num(lt, '.2f', 'tpot_ms', 'p99')} | {num(lb, '.0f', 'ttft_ms', 'median')} / "
-                         f"{num(lt, '.0f', 'ttft_ms', 'median')} | {failed} | {starts(lb)} / {starts(lt)} |")
+                         f"{num(lt, '.0f', 'ttft_ms', 'median')} | {failed} |"
+                         + (f" {starts(lb)} / {starts(lt)} |" if repeated else ""))
     lines += ["", "| model | weights GiB bf16 / trit | KV-cache tokens bf16 / trit | trit / bf16 |", "|---|---|---|---|"]
     for model in dict.fromkeys(m for m, _ in servers):
         b, t = (servers.get((model, w), (None, None))[0] or {} for w in ("bf16", "trit"))
