@@ -58,7 +58,7 @@ def main() -> int:
               "host": platform.machine(), "torch": torch.__version__, "rows": []}
     opts = PerplexityOptions(max_windows=args.max_windows)
     for ckpt in args.ckpts:
-        loaded = runtime.load(ckpt)
+        loaded = runtime.load(ckpt, lm_head="stored")  # the head as stored, whatever the checkpoint asks
         head = loaded.model.get_output_embeddings()
         stored = head.weight.detach().clone()
         for kind in HEADS:

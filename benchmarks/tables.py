@@ -287,8 +287,9 @@ def _speed_table(runs: dict[tuple, dict], with_ttft: bool) -> list[str]:
     return lines
 
 
-def serve() -> str:
-    """``trit bench serve`` runs: vLLM's OpenAI server under load, vLLM's own client, bf16 against trit."""
+def _serve_runs() -> tuple[list[tuple[dict, str]], dict, dict]:
+    """The serve runs (oldest first), each (model, weights)'s server of most levels with its run, and the level
+    the table shows at each (model, concurrency, weights), as the table and the plot both take them."""
     # oldest first: by the time a run records (``started``; files from before it have none and come first), then
     # by name
     runs = sorted(((json.loads(f.read_text()), f.name) for f in (RESULTS / "serve").glob("*.json")),
@@ -317,6 +318,12 @@ def serve() -> str:
             slot = by_level.setdefault(model, {}).setdefault(c, {})
             if paired or not slot.get(weights, (False,))[0]:
                 slot[weights] = (paired, {**lv, "starts": tps})
+    return runs, servers, by_level
+
+
+def serve() -> str:
+    """``trit bench serve`` runs: vLLM's OpenAI server under load, vLLM's own client, bf16 against trit."""
+    runs, servers, by_level = _serve_runs()
     repeated = any(len(lv.get("starts") or []) > 1 for kinds in by_level.values() for slots in kinds.values()
                    for _, lv in slots.values())  # the starts column only where a run started a server twice
     lines = ["| model | concurrency | output tok/s bf16 | trit | trit / bf16 | TPOT p50 ms bf16 / trit | "
@@ -387,10 +394,11 @@ def serve_profile() -> str:
             by = p["us_per_step_by_group"]
             split = " / ".join(f"{by.get(g, 0):.0f}" for g in ("trit", "attention", "gemm", "other"))
             weights = sv["weights"] + (f" ({layout} layout)" if sv["weights"] == "trit" else "")
+            span, step = p.get("decode_step_span_us"), p["us_per_step"]  # no span on a CPU clock, or no decode step
             lines.append(f"| `{f.name}` | {sv['model']} | {weights} | {c} | "
                          f"{'-' if measured is None else f'{measured:.2f}'} / {p['level']['tpot_ms']['median']:.2f} | "
-                         f"{p['us_per_step']:.0f} | {split} | {p['decode_step_span_us']:.0f} | "
-                         f"x{p['decode_step_span_us'] / p['us_per_step']:.2f} |")
+                         f"{step:.0f} | {split} | {'-' if span is None else f'{span:.0f}'} | "
+                         f"{'-' if span is None else f'x{span / step:.2f}'} |")
     lines += ["", "Kernel time a step: the worker's profiler table, kernels only, over the profiled level's steps "
               "(prefill's share included); GEMM: cuBLAS and CUTLASS outside attention (the lm_head, and bf16's "
               "linears); a decode step's span: vLLM's annotation of decode-only steps, first kernel to last on the "
@@ -542,9 +550,11 @@ def serve_plot() -> str:
     sys.path.insert(0, str(SRC))
     from trit.bench.serve import plot
 
-    runs = [json.loads(f.read_text()) for f in sorted((RESULTS / "serve").glob("*.json"))]
-    merged = {**runs[0], "servers": [sv for r in runs for sv in r["servers"]]}
-    plot(merged, RESULTS / "serve" / "serve.png")
+    runs, _, by_level = _serve_runs()
+    # one server a model and weight kind, holding the level the table shows at each concurrency
+    servers = [{"model": model, "weights": w, "levels": [levels[c][w][1] for c in sorted(levels) if w in levels[c]]}
+               for model, levels in by_level.items() for w in ("bf16", "trit")]
+    plot({**runs[-1][0], "servers": servers}, RESULTS / "serve" / "serve.png")
     return f"wrote {RESULTS / 'serve' / 'serve.png'}"
 
 

@@ -23,6 +23,20 @@ def test_from_pretrained_equals_the_runtime(tiny_llama_trit: Path) -> None:
         assert torch.equal(model(ids).logits, loaded.model(ids).logits)
 
 
+def test_from_pretrained_serves_the_int8_head_as_the_runtime_does(tiny_llama_trit: Path, monkeypatch) -> None:
+    from transformers import AutoModelForCausalLM
+
+    from trit.kernels.int8_rows import Int8RowsLinear
+
+    monkeypatch.setenv("TRIT_LM_HEAD", "int8")
+    model = AutoModelForCausalLM.from_pretrained(tiny_llama_trit, dtype=torch.float32)
+    loaded = runtime.load(tiny_llama_trit, device="cpu", dtype=torch.float32)
+    assert isinstance(model.get_output_embeddings(), Int8RowsLinear)
+    ids = torch.tensor([[1, 5, 9, 20, 3]])
+    with torch.inference_mode():
+        torch.testing.assert_close(model(ids).logits, loaded.model(ids).logits, rtol=1e-5, atol=1e-5)
+
+
 def test_real_smollm2_through_transformers_pipeline(smollm2_trit: Path) -> None:
     """A tool built on transformers alone (its text-generation pipeline) runs a trit checkpoint."""
     from transformers import AutoModelForCausalLM, AutoTokenizer, pipeline

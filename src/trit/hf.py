@@ -23,7 +23,8 @@ import torch
 
 from trit import format as fmt
 from trit.arch import is_decoder_linear
-from trit.nn import TritLinear, swap_linears, tile
+from trit.kernels import int8_rows
+from trit.nn import TritLinear, swap_linears, tile, use_int8_head
 
 _registered = False
 
@@ -70,6 +71,8 @@ def _classes():
                         fmt.check_layer(name, packed, scale, qcfg.group_size, mod.out_features, mod.in_features,
                                         suffixes=suffixes)
             tile(model, model.dtype)  # the CUDA kernels' layout, where they can run (TRIT_LAYOUT=v1 keeps format v1)
+            if int8_rows.head_choice(qcfg.lm_head) == "int8":  # the output layer as trit.load and vLLM serve it
+                use_int8_head(model, "config.json")
 
         def param_element_size(self, model, param_name: str, param: torch.Tensor) -> float:
             return param.element_size()

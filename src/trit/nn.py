@@ -8,6 +8,7 @@ from torch import nn
 
 import trit.ops  # registers torch.ops.trit.linear; warm_up
 from trit import format as fmt
+from trit.kernels import int8_rows
 from trit.kernels.cuda import launch as cuda_launch
 from trit.kernels.cuda import mma
 
@@ -110,6 +111,18 @@ def tile(model: nn.Module, dtype: torch.dtype) -> tuple[int, str | None]:
             elif why is None:
                 why = reason
     return done, why
+
+
+def use_int8_head(model: nn.Module, where: str) -> None:
+    """The output layer replaced by its int8 rows (``quantization_config.lm_head = "int8"``); a tied one: the
+    embeddings keep the float matrix. ``where`` names the config in the error for a head that cannot be."""
+    head = model.get_output_embeddings()
+    if not isinstance(head, nn.Linear) or head.bias is not None:
+        raise fmt.FormatError(f"{where}: quantization_config.lm_head",
+                              "'stored' for an output layer that is not a linear layer without bias", "'int8'")
+    new = int8_rows.Int8RowsLinear(head.weight)
+    model.set_output_embeddings(new)
+    int8_rows.warm_up(new.q, new.s, head.weight.dtype)
 
 
 def swap_linears(model: nn.Module, names: list[str], config: fmt.TritConfig) -> None:

@@ -150,6 +150,7 @@ def run_client(url: str, folder: Path, level: Level, input_len: int, output_len:
            "--percentile-metrics", "ttft,tpot,itl", "--metric-percentiles", "50,99", "--disable-tqdm",
            "--save-result", "--result-dir", str(out_dir), "--result-filename", result.name,
            *(["--profile"] if profile else [])]
+    result.unlink(missing_ok=True)  # another server's level wrote this name: never read its figures as ours
     t0 = time.perf_counter()
     proc = subprocess.run(cmd, capture_output=True, text=True, timeout=timeout)
     level.seconds = time.perf_counter() - t0

@@ -178,7 +178,8 @@ def plan(path: str | Path, opts: PlanOptions = PlanOptions()) -> Plan:
         weights = _weights_from_config(folder, cfg, opts)
         source = f"weights computed from config.json, group {_config_quant(cfg, opts)[0]}"
     q = cfg.get("quantization_config") or {}
-    if q.get("quant_method") == fmt.QUANT_METHOD and int8_rows.head_choice(q.get("lm_head", "stored")) == "int8":
+    head = fmt.TritConfig.from_dict(q).lm_head if q.get("quant_method") == fmt.QUANT_METHOD else None
+    if head is not None and int8_rows.head_choice(head) == "int8":
         # the head's int8 rows and scales; untied, in place of the stored matrix; tied, beside the embeddings
         tied = text.get("tie_word_embeddings", cfg.get("tie_word_embeddings", False))
         weights["embeddings and lm_head"] += vocab * hidden + 4 * vocab - (0 if tied else vocab * hidden * opts.dtype_bytes)

@@ -59,16 +59,23 @@ def reference(x: torch.Tensor, q: torch.Tensor, s: torch.Tensor, bias: torch.Ten
 
 
 def _cpu_int8pack(x2: torch.Tensor, q: torch.Tensor, s: torch.Tensor) -> torch.Tensor:
-    """torch's CPU weight-only int8 matmul (bf16 activations), with unit scales: the float32 row scales are
-    applied after it, not rounded to bf16 first."""
+    """torch's CPU weight-only int8 matmul, with unit scales: the float32 row scales are applied after it, not
+    rounded to the activation dtype first."""
     ones = torch.ones(q.shape[0], dtype=x2.dtype)
     return (torch._weight_int8pack_mm(x2, q, ones).float() * s).to(x2.dtype)
 
 
+def cpu_fast_path(x: torch.Tensor, q: torch.Tensor) -> bool:
+    """Whether torch's CPU int8 matmul takes this product: it needs K a multiple of 8 (elsewhere it returns
+    garbage or crashes), and exists in torch 2.4 and later."""
+    return (x.device.type == "cpu" and x.dtype in (torch.bfloat16, torch.float16, torch.float32)
+            and q.shape[1] % 8 == 0 and hasattr(torch, "_weight_int8pack_mm"))
+
+
 def linear(x: torch.Tensor, q: torch.Tensor, s: torch.Tensor, bias: torch.Tensor | None = None) -> torch.Tensor:
-    """The product on the int8 rows, x (..., K): bf16/fp16 on a CUDA device with Triton goes to the kernel; bf16
-    on the CPU to torch's int8 matmul (about ten times the reference's speed on SmolLM2's head); anything else
-    (float32) to :func:`reference`."""
+    """The product on the int8 rows, x (..., K): bf16/fp16 on a CUDA device with Triton goes to the kernel; on
+    the CPU, torch's int8 matmul where it applies (:func:`cpu_fast_path`; about ten times the reference's speed
+    on SmolLM2's head in bf16); anything else to :func:`reference`."""
     x2 = x.reshape(-1, x.shape[-1])
     if x.is_cuda and x.dtype in (torch.bfloat16, torch.float16):
         try:
@@ -76,12 +83,19 @@ def linear(x: torch.Tensor, q: torch.Tensor, s: torch.Tensor, bias: torch.Tensor
         except ImportError:  # no Triton: the reference
             return reference(x, q, s, bias)
         y = int8_rows.linear(x2 if x2.stride(-1) == 1 else x2.contiguous(), q, s)
-    elif x.device.type == "cpu" and x.dtype == torch.bfloat16 and hasattr(torch, "_weight_int8pack_mm"):
+    elif cpu_fast_path(x, q):
         y = _cpu_int8pack(x2.contiguous(), q, s)
     else:
         return reference(x, q, s, bias)
     y = y.reshape(*x.shape[:-1], q.shape[0])
     return y if bias is None else y + bias
+
+
+def warm_up(q: torch.Tensor, s: torch.Tensor, dtype: torch.dtype) -> None:
+    """On a CUDA device, compile the kernel for each of its token-block configs now, not in a request."""
+    if q.is_cuda and dtype in (torch.bfloat16, torch.float16):
+        for m in (1, 64, 128):
+            linear(torch.zeros(m, q.shape[1], dtype=dtype, device=q.device), q, s)
 
 
 class Int8RowsLinear(nn.Module):

@@ -25,7 +25,7 @@ from trit import format as fmt
 from trit.arch import FLOAT_DTYPES, check_architecture, materialize_buffers, meta_model, tied_names
 from trit.checkpoint import CONFIG_FILE, Checkpoint, open_checkpoint
 from trit.kernels import int8_rows
-from trit.nn import TritLinear, W4A8Linear, swap_linears, tile, warm_up
+from trit.nn import TritLinear, W4A8Linear, swap_linears, tile, use_int8_head, warm_up
 from trit.ops import warm_up_wanted
 
 
@@ -87,19 +87,10 @@ def load(
     if lm_head is not None and lm_head not in fmt.LM_HEADS:
         raise ValueError(f"lm_head={lm_head!r}: one of {', '.join(fmt.LM_HEADS)}")
     if (lm_head or int8_rows.head_choice(qcfg.lm_head)) == "int8":
-        _int8_head(model, ckpt)
+        use_int8_head(model, str(ckpt.path / CONFIG_FILE))
     if warm_up_wanted(device) if warm is None else warm:  # compile the kernels now, not in the first request
         warm_up(model, dtype)
     return Loaded(model.eval(), tokenizer, qcfg, ckpt)
-
-
-def _int8_head(model: nn.Module, ckpt: Checkpoint) -> None:
-    """The output layer replaced by its int8 rows (a tied one: the embeddings keep the float matrix)."""
-    head = model.get_output_embeddings()
-    if not isinstance(head, nn.Linear) or head.bias is not None:
-        raise fmt.FormatError(f"{ckpt.path / CONFIG_FILE}: quantization_config.lm_head",
-                              "'stored' for an output layer that is not a linear layer without bias", "'int8'")
-    model.set_output_embeddings(int8_rows.Int8RowsLinear(head.weight))
 
 
 def _read_state(

@@ -34,7 +34,11 @@ from vllm.model_executor.layers import linear as vllm_linear
 from vllm.model_executor.layers.linear import LinearBase, LinearMethodBase, UnquantizedLinearMethod
 from vllm.model_executor.layers.quantization import register_quantization_config
 from vllm.model_executor.layers.quantization.base_config import QuantizationConfig, QuantizeMethodBase
-from vllm.model_executor.layers.vocab_parallel_embedding import ParallelLMHead
+from vllm.model_executor.layers.vocab_parallel_embedding import (
+    ParallelLMHead,
+    UnquantizedEmbeddingMethod,
+    VocabParallelEmbedding,
+)
 from vllm.model_executor.parameter import (
     ChannelQuantScaleParameter,
     GroupQuantScaleParameter,
@@ -133,8 +137,11 @@ class TritVllmConfig(QuantizationConfig):
             if self._is_skipped(prefix):
                 return UnquantizedLinearMethod()
             return TritLinearMethod(self.trit, prefix)
-        if isinstance(layer, ParallelLMHead) and int8_rows.head_choice(self.trit.lm_head) == "int8":
-            return TritInt8HeadMethod()
+        if int8_rows.head_choice(self.trit.lm_head) == "int8":
+            if isinstance(layer, ParallelLMHead):
+                return TritInt8HeadMethod()
+            if type(layer) is VocabParallelEmbedding:  # the head of a tied Qwen2/Qwen3 on vLLM 0.25 is this very layer
+                return TritInt8TiedEmbeddingMethod()
         return None
 
 
@@ -154,6 +161,7 @@ class TritInt8HeadMethod(QuantizeMethodBase):
 
     def process_weights_after_loading(self, layer: torch.nn.Module) -> None:
         layer.trit_head_q, layer.trit_head_s = int8_rows.quantize_rows(layer.weight.data)
+        int8_rows.warm_up(layer.trit_head_q, layer.trit_head_s, layer.weight.dtype)
         del layer.weight
 
     def apply(self, layer: torch.nn.Module, x: torch.Tensor, bias: torch.Tensor | None = None) -> torch.Tensor:
@@ -162,6 +170,18 @@ class TritInt8HeadMethod(QuantizeMethodBase):
     def tie_weights(self, layer: torch.nn.Module, embed_tokens: torch.nn.Module) -> torch.nn.Module:
         layer.weight = embed_tokens.weight
         return layer
+
+
+class TritInt8TiedEmbeddingMethod(UnquantizedEmbeddingMethod):
+    """An input embedding that a tied model may also use as its output layer (vLLM 0.25's Qwen2 and Qwen3 set
+    ``lm_head = model.embed_tokens``): the embedding as stored; as the head (``apply``), its int8 rows, made at
+    the first call (vLLM's profiling run, so its memory is counted before the KV cache is sized). An untied
+    model's embedding never makes them."""
+
+    def apply(self, layer: torch.nn.Module, x: torch.Tensor, bias: torch.Tensor | None = None) -> torch.Tensor:
+        if getattr(layer, "trit_head_q", None) is None:
+            layer.trit_head_q, layer.trit_head_s = int8_rows.quantize_rows(layer.weight.data)
+        return int8_rows.linear(x, layer.trit_head_q, layer.trit_head_s, bias)
 
 
 class TritLinearMethod(LinearMethodBase):

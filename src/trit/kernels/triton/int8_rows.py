@@ -40,7 +40,7 @@ def default_config(m: int) -> Int8RowsConfig:
     return Int8RowsConfig(128, 128, 64, 8, 3)
 
 
-@triton.jit
+@triton.jit(do_not_specialize=["M"])  # one compile a config, whatever the batch
 def _int8_rows_kernel(
     x_ptr,  # (M, K) bf16 / fp16, rows stride_xm apart
     q_ptr,  # (N, K) int8, contiguous
@@ -51,7 +51,7 @@ def _int8_rows_kernel(
     INTERPRET: tl.constexpr,
 ):
     pid_n, pid_m = tl.program_id(0), tl.program_id(1)
-    rm = pid_m * BLOCK_M + tl.arange(0, BLOCK_M)
+    rm = (pid_m * BLOCK_M + tl.arange(0, BLOCK_M)).to(tl.int64)  # M N passes 2^31 for long prompts' logits
     rn = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)
     rk = tl.arange(0, BLOCK_K)
     acc = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
