@@ -60,3 +60,15 @@ def test_an_int8_head_is_planned_as_its_rows(tiny_llama_trit: Path, tmp_path: Pa
     assert (int8.weights["embeddings and lm_head"] - stored.weights["embeddings and lm_head"]
             == vocab * hidden + 4 * vocab - saved)
     assert "lm_head in int8 rows" in int8.source and "int8" not in stored.source
+
+
+def test_an_int8_head_from_the_headers_replaces_the_stored_bytes(tiny_llama_trit: Path, monkeypatch) -> None:
+    with safe_open(str(tiny_llama_trit / "model.safetensors"), "pt") as f:
+        head = f.get_tensor("lm_head.weight")  # the tiny model is untied
+    stored = plan(tiny_llama_trit, PlanOptions())
+    monkeypatch.setenv("TRIT_LM_HEAD", "int8")
+    int8 = plan(tiny_llama_trit, PlanOptions())
+    rows = head.shape[0] * head.shape[1] + 4 * head.shape[0]  # int8 codes and float32 scales
+    # the stored matrix, at the dtype of its file, gives way to the rows
+    assert int8.weights["embeddings and lm_head"] - stored.weights["embeddings and lm_head"] == rows - head.nbytes
+    assert "lm_head in int8 rows" in int8.source and "int8" not in stored.source

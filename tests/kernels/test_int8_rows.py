@@ -46,3 +46,14 @@ def test_the_product_on_the_cpu_matches_the_reference(dtype: torch.dtype, shape:
     assert y.shape == (*shape[:-1], 300) and y.dtype == dtype
     err = (y.double() - ref.double()).norm() / ref.double().norm()
     assert err < (1e-2 if dtype == torch.bfloat16 else 1e-5), err
+
+
+def test_the_module_keeps_its_scales_in_float32_through_a_cast() -> None:
+    w = _head()
+    m = int8_rows.Int8RowsLinear(w)
+    q, s = int8_rows.quantize_rows(w)
+    assert torch.equal(m.q, q) and torch.equal(m.s, s)
+    m.to(torch.bfloat16)
+    assert m.q.dtype == torch.int8 and m.s.dtype == torch.float32 and torch.equal(m.s, s)
+    x = torch.randn(2, 96, dtype=torch.bfloat16)
+    assert torch.equal(m(x), int8_rows.linear(x, q, s))

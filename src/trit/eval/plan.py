@@ -182,7 +182,12 @@ def plan(path: str | Path, opts: PlanOptions = PlanOptions()) -> Plan:
     if head is not None and int8_rows.head_choice(head) == "int8":
         # the head's int8 rows and scales; untied, in place of the stored matrix; tied, beside the embeddings
         tied = text.get("tie_word_embeddings", cfg.get("tie_word_embeddings", False))
-        weights["embeddings and lm_head"] += vocab * hidden + 4 * vocab - (0 if tied else vocab * hidden * opts.dtype_bytes)
+        stored = 0 if tied else vocab * hidden * opts.dtype_bytes  # what the count above holds for an untied head
+        info = (open_checkpoint(folder).tensors.get("lm_head.weight")
+                if source.startswith("weights from the safetensors headers") else None)
+        if info is not None:  # counted from the headers: at the dtype it is stored in
+            stored = info.meta().element_size() * math.prod(info.shape)
+        weights["embeddings and lm_head"] += vocab * hidden + 4 * vocab - stored
         source += "; lm_head in int8 rows"
     p = Plan(weights=weights, source=source, gpu_mem=opts.gpu_mem, overhead=opts.overhead,
              max_position_embeddings=text.get("max_position_embeddings"))

@@ -111,5 +111,11 @@ class Int8RowsLinear(nn.Module):
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         return linear(x, self.q, self.s)
 
+    def _apply(self, fn, recurse: bool = True):
+        s = self.s
+        out = super()._apply(fn, recurse)
+        self.s = s.to(self.q.device)  # float32 kept: a cast of the model to bf16 would round every row's scale
+        return out
+
     def extra_repr(self) -> str:
         return f"in_features={self.in_features}, out_features={self.out_features}, int8 rows"
