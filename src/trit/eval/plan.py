@@ -174,6 +174,7 @@ def plan(path: str | Path, opts: PlanOptions = PlanOptions()) -> Plan:
         raise PlanError("--kv-cache-dtype", f"expected one of {', '.join(_DTYPE_BYTES)}, found {opts.kv_cache_dtype!r}")
     weights = _weights_from_headers(folder)
     source = "weights from the safetensors headers"
+    from_headers = weights is not None
     if weights is None:
         weights = _weights_from_config(folder, cfg, opts)
         source = f"weights computed from config.json, group {_config_quant(cfg, opts)[0]}"
@@ -183,8 +184,7 @@ def plan(path: str | Path, opts: PlanOptions = PlanOptions()) -> Plan:
         # the head's int8 rows and scales; untied, in place of the stored matrix; tied, beside the embeddings
         tied = text.get("tie_word_embeddings", cfg.get("tie_word_embeddings", False))
         stored = 0 if tied else vocab * hidden * opts.dtype_bytes  # what the count above holds for an untied head
-        info = (open_checkpoint(folder).tensors.get("lm_head.weight")
-                if source.startswith("weights from the safetensors headers") else None)
+        info = open_checkpoint(folder).tensors.get("lm_head.weight") if from_headers else None
         if info is not None:  # counted from the headers: at the dtype it is stored in
             stored = info.meta().element_size() * math.prod(info.shape)
         weights["embeddings and lm_head"] += vocab * hidden + 4 * vocab - stored

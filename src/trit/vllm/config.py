@@ -33,7 +33,7 @@ import torch
 from vllm.model_executor.layers import linear as vllm_linear
 from vllm.model_executor.layers.linear import LinearBase, LinearMethodBase, UnquantizedLinearMethod
 from vllm.model_executor.layers.quantization import register_quantization_config
-from vllm.model_executor.layers.quantization.base_config import QuantizationConfig, QuantizeMethodBase
+from vllm.model_executor.layers.quantization.base_config import QuantizationConfig
 from vllm.model_executor.layers.vocab_parallel_embedding import (
     ParallelLMHead,
     UnquantizedEmbeddingMethod,
@@ -44,7 +44,6 @@ from vllm.model_executor.parameter import (
     GroupQuantScaleParameter,
     PackedvLLMParameter,
 )
-from vllm.model_executor.utils import set_weight_attrs
 
 import trit.ops  # registers torch.ops.trit.linear; warm_up
 from trit import format as fmt
@@ -145,33 +144,6 @@ class TritVllmConfig(QuantizationConfig):
         return None
 
 
-class TritInt8HeadMethod(QuantizeMethodBase):
-    """The output layer on int8 rows (``quantization_config.lm_head = "int8"`` or ``TRIT_LM_HEAD=int8``): loaded
-    as the checkpoint stores it, rounded to int8 with one scale a row (:mod:`trit.kernels.int8_rows`) when
-    loading ends. Untied, the stored matrix is then freed; tied, the embeddings keep it."""
-
-    def create_weights(self, layer: torch.nn.Module, input_size_per_partition: int,
-                       output_partition_sizes: list[int], input_size: int, output_size: int,
-                       params_dtype: torch.dtype, **extra_weight_attrs) -> None:
-        weight = torch.nn.Parameter(torch.empty(sum(output_partition_sizes), input_size_per_partition,
-                                                dtype=params_dtype), requires_grad=False)
-        set_weight_attrs(weight, {"input_dim": 1, "output_dim": 0})
-        layer.register_parameter("weight", weight)
-        set_weight_attrs(weight, extra_weight_attrs)
-
-    def process_weights_after_loading(self, layer: torch.nn.Module) -> None:
-        layer.trit_head_q, layer.trit_head_s = int8_rows.quantize_rows(layer.weight.data)
-        int8_rows.warm_up(layer.trit_head_q, layer.trit_head_s, layer.weight.dtype)
-        del layer.weight
-
-    def apply(self, layer: torch.nn.Module, x: torch.Tensor, bias: torch.Tensor | None = None) -> torch.Tensor:
-        return int8_rows.linear(x, layer.trit_head_q, layer.trit_head_s, bias)
-
-    def tie_weights(self, layer: torch.nn.Module, embed_tokens: torch.nn.Module) -> torch.nn.Module:
-        layer.weight = embed_tokens.weight
-        return layer
-
-
 class TritInt8TiedEmbeddingMethod(UnquantizedEmbeddingMethod):
     """An input embedding that a tied model may also use as its output layer (vLLM 0.25's Qwen2 and Qwen3 set
     ``lm_head = model.embed_tokens``): the embedding as stored; as the head (``apply``), its int8 rows, made at
@@ -182,6 +154,18 @@ class TritInt8TiedEmbeddingMethod(UnquantizedEmbeddingMethod):
         if getattr(layer, "trit_head_q", None) is None:
             layer.trit_head_q, layer.trit_head_s = int8_rows.quantize_rows(layer.weight.data)
         return int8_rows.linear(x, layer.trit_head_q, layer.trit_head_s, bias)
+
+
+class TritInt8HeadMethod(TritInt8TiedEmbeddingMethod):
+    """The output layer on int8 rows (``quantization_config.lm_head = "int8"`` or ``TRIT_LM_HEAD=int8``): loaded
+    (and tied) as vLLM's unquantized embedding method does, rounded to int8 with one scale a row
+    (:mod:`trit.kernels.int8_rows`) when loading ends. Untied, the stored matrix is then freed; tied, the
+    embeddings keep it."""
+
+    def process_weights_after_loading(self, layer: torch.nn.Module) -> None:
+        layer.trit_head_q, layer.trit_head_s = int8_rows.quantize_rows(layer.weight.data)
+        int8_rows.warm_up(layer.trit_head_q, layer.trit_head_s, layer.weight.dtype)
+        del layer.weight
 
 
 class TritLinearMethod(LinearMethodBase):
