@@ -91,6 +91,9 @@ def test_the_tuned_table_picks_among_the_mma_layouts_kernels(monkeypatch: pytest
     tuning.prefer(tuning.key(4, 4096, 4096, 64, torch.bfloat16), "cuda_mma", "choice_mma")
     tuning.prefer(tuning.key(32, 4096, 4096, 64, torch.bfloat16), "cuda_dequant_cublas", "choice_mma")
     assert (first[2](), first[4](), first[32]()) == ("cuda_gemv", "cuda_mma", "cuda_dequant_cublas")
+    tuning.prefer(tuning.key(2, 4096, 4096, 64, torch.bfloat16), "cuda_imma", "choice_mma")
+    tuning.prefer(tuning.key(32, 4096, 4096, 64, torch.bfloat16), "cuda_imma", "choice_mma")
+    assert (first[2](), first[4](), first[32]()) == ("cuda_imma", "cuda_mma", "cuda_imma")
     assert tuning.preferred(tuning.key(4, 4096, 4096, 64, torch.bfloat16)) is None  # format v1's choice apart
 
 

@@ -187,6 +187,7 @@ def _tune_tiled(x: torch.Tensor, reps: list, key: str) -> dict:
     """Tune the CUDA kernels' configs on the repacked layers; remembered (in memory) for the timing that follows."""
     from trit.kernels import tuning
     from trit.kernels.cuda import gemv as cgemv
+    from trit.kernels.cuda import imma as cimma
     from trit.kernels.cuda import nvrtc
     from trit.kernels.cuda import wgmma as cwgmma
     from trit.kernels.triton.device import sm_count
@@ -195,7 +196,10 @@ def _tune_tiled(x: torch.Tensor, reps: list, key: str) -> dict:
     wg = (cwgmma.configs_for(m, reps[0], sm_count())
           if cwgmma.TUNE_MIN_M <= m <= cmma.TUNE_MAX_M and cwgmma.supported(x.device) is None else [])
     nvrtc.precompile(cwgmma.source(), [cwgmma.kernel_name(c, GROUP) for c in wg], arch_suffix="a")
+    im = cimma.configs_for(reps[0], sm_count()) if m <= cimma.MAX_M else []
+    nvrtc.precompile(cimma.source(), [cimma.kernel_name(cimma.token_tiles(m), c, GROUP) for c in im])
     for name, run, cands in (
+        ("cuda_imma", cimma.linear, im),
         ("cuda_gemv", cgemv.linear, cgemv.configs_for(reps[0], sm_count()) if m <= cgemv.MAX_M else ()),
         ("cuda_wgmma", cwgmma.linear, wg),
         # where the GEMV can take the problem, the mma kernel at its heuristic config only (a shorter run)

@@ -98,6 +98,7 @@ def _triton_candidates() -> tuple[Kernel, ...]:
 
 
 CUDA = (
+    Kernel("cuda_imma", cuda_launch.refuse_imma, None, tiled=cuda_launch.run_imma),
     Kernel("cuda_gemv", cuda_launch.refuse_gemv, None, tiled=cuda_launch.run_gemv),
     Kernel("cuda_wgmma", cuda_launch.refuse_wgmma, None, tiled=cuda_launch.run_wgmma),
     Kernel("cuda_mma", cuda_launch.refuse_mma, None, tiled=cuda_launch.run_mma),

@@ -18,24 +18,6 @@
 // into an fp32 workspace with red.add, and the last block of a row block writes the output and zeroes its
 // workspace and counter (as trit_mma does; they share the workspace). No headers: compiled by NVRTC after common.cuh.
 
-__device__ __forceinline__ U4 ldg128(const U4* p) {
-    U4 v;
-    asm volatile("ld.global.nc.v4.u32 {%0, %1, %2, %3}, [%4];" : "=r"(v.x), "=r"(v.y), "=r"(v.z), "=r"(v.w) : "l"(p));
-    return v;
-}
-
-__device__ __forceinline__ u32 ldg32(const u32* p) {
-    u32 v;
-    asm volatile("ld.global.nc.u32 %0, [%1];" : "=r"(v) : "l"(p));
-    return v;
-}
-
-__device__ __forceinline__ float lds32f(u32 addr) {
-    float v;
-    asm volatile("ld.shared.f32 %0, [%1];" : "=f"(v) : "r"(addr));
-    return v;
-}
-
 __device__ __forceinline__ int dp2a_lo(u32 a, u32 b, int c) {
     int d;
     asm("dp2a.lo.s32.u32 %0, %1, %2, %3;" : "=r"(d) : "r"(a), "r"(b), "r"(c));
@@ -47,8 +29,6 @@ __device__ __forceinline__ int dp2a_hi(u32 a, u32 b, int c) {
     asm("dp2a.hi.s32.u32 %0, %1, %2, %3;" : "=r"(d) : "r"(a), "r"(b), "r"(c));
     return d;
 }
-
-__device__ __forceinline__ float bf16_to_f32(u16 v) { return __uint_as_float((u32)v << 16); }
 
 // MG: tokens (M <= MG); RT: 16-row tiles a warp; GS: inputs a scale (32, 64, 128; 0 = one scale a row);
 // NW: warps a block (they share the quantized activations); PF: steps of codes loaded ahead.

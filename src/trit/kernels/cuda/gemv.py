@@ -98,34 +98,49 @@ def split_steps(k_steps: int, splits: int) -> tuple[int, int]:
     return per, -(-k_steps // per)
 
 
-def linear(x: torch.Tensor, r: mma.MmaWeights, config: GemvConfig | None = None) -> torch.Tensor:
-    """``x`` (M, K) bf16, M <= 4 -> (M, N) bf16 through the CUDA GEMV."""
+def check_x(x: torch.Tensor, r: mma.MmaWeights, kernel: str) -> torch.Tensor:
+    """``x`` as the few-token kernels read it: bf16, K inputs (a multiple of 8), contiguous, 16-byte aligned."""
+    m, k = x.shape
+    if x.dtype != torch.bfloat16 or k != r.k or k % 8:
+        raise ValueError(f"{kernel} takes bf16 x with K = {r.k} (a multiple of 8), got {x.dtype} {tuple(x.shape)}")
+    x = x.contiguous()
+    return x.clone() if x.data_ptr() % 16 else x
+
+
+def launch(source: str, name: str, smem_for, x: torch.Tensor, r: mma.MmaWeights, splits: int, block_tiles: int,
+           warps: int) -> torch.Tensor:
+    """Run a few-token kernel of this layout (``trit_gemv``, ``trit_imma``: the same arguments) on ``x`` from
+    :func:`check_x`: row blocks of ``block_tiles`` tiles x K splits, each split's rounded activations in shared
+    memory (``smem_for(steps)``; a very long K takes more splits, each rounding less)."""
     import ctypes
 
     from trit.kernels.cuda import nvrtc
-    from trit.kernels.triton.device import sm_count
 
     m, k = x.shape
-    if x.dtype != torch.bfloat16 or k != r.k or k % 8:
-        raise ValueError(f"trit_gemv takes bf16 x with K = {r.k} (a multiple of 8), got {x.dtype} {tuple(x.shape)}")
-    x = x.contiguous()
-    if x.data_ptr() % 16:
-        x = x.clone()
-    mg = token_slots(m)
-    cfg = config or heuristic(m, r.row_tiles, r.k_steps, sm_count())
-    per, splits = split_steps(r.k_steps, cfg.splits)
+    per, splits = split_steps(r.k_steps, splits)
     limit = min(MAX_SMEM, mma.max_smem(x.device) - 1024)
-    while smem_bytes(mg, per, r.group_size) > limit:  # a very long K: more splits, each quantizing less
+    while smem_for(per) > limit and per > 1:
         per, splits = split_steps(r.k_steps, 2 * splits)
-    smem = smem_bytes(mg, per, r.group_size)
-    kern = nvrtc.load(source(), kernel_name(mg, cfg, r.group_size), smem=smem)
-    blocks = -(-r.row_tiles // (cfg.warps * cfg.rt))
+    smem = smem_for(per)
+    kern = nvrtc.load(source, name, smem=smem)
+    blocks = -(-r.row_tiles // block_tiles)
     y = torch.empty(m, r.n, dtype=torch.bfloat16, device=x.device)
     ws, locks = mma.workspace(x.device, m * r.n if splits > 1 else 0, blocks)
     args = [ctypes.c_void_p(t.data_ptr()) for t in (r.wq, r.sc, x, y, ws, locks)]
     args += [ctypes.c_int(v) for v in (m, r.n, k, r.k_steps, r.scale_groups, per, splits)]
-    kern.launch((blocks, splits, 1), cfg.warps * 32, smem, args)
+    kern.launch((blocks, splits, 1), warps * 32, smem, args)
     return y
+
+
+def linear(x: torch.Tensor, r: mma.MmaWeights, config: GemvConfig | None = None) -> torch.Tensor:
+    """``x`` (M, K) bf16, M <= 4 -> (M, N) bf16 through the CUDA GEMV."""
+    from trit.kernels.triton.device import sm_count
+
+    x = check_x(x, r, "trit_gemv")
+    mg = token_slots(x.shape[0])
+    cfg = config or heuristic(x.shape[0], r.row_tiles, r.k_steps, sm_count())
+    return launch(source(), kernel_name(mg, cfg, r.group_size),
+                  lambda per: smem_bytes(mg, per, r.group_size), x, r, cfg.splits, cfg.warps * cfg.rt, cfg.warps)
 
 
 def dequantize(r: mma.MmaWeights) -> torch.Tensor:

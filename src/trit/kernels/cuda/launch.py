@@ -4,7 +4,7 @@ A layer is held in one layout. Where :func:`tile_refusal` finds nothing against
 it, the runtime and the vLLM plugin repack each layer once, at load
 (:func:`trit.kernels.cuda.mma.repack`), and the layer's forward calls
 ``trit::linear_tiled``; these kernels take it from there: the dp2a GEMV for a
-few rows, the mma.sync GEMM up to 64 rows (on Hopper, up to 63: the wgmma GEMM
+few rows (or the int8 tensor-core GEMV up to 32, where the tuned table measured it faster), the mma.sync GEMM up to 64 rows (on Hopper, up to 63: the wgmma GEMM
 takes 64 to 256), each further where the tuned table measured it faster, and
 dequantize + cuBLAS above. Each
 refusal says why, as the Triton candidates' do. Where NVRTC cannot compile
@@ -21,7 +21,7 @@ import os
 import torch
 
 from trit.kernels import tuning
-from trit.kernels.cuda import gemv, mma, wgmma
+from trit.kernels.cuda import gemv, imma, mma, wgmma
 
 log = logging.getLogger(__name__)
 
@@ -131,6 +131,8 @@ def _usable(name: str, p) -> bool:
         return _wgmma_support(torch.cuda.current_device()) is None
     if name == "cuda_gemv":
         return p.m <= gemv.MAX_M
+    if name == "cuda_imma":
+        return p.m <= imma.MAX_M
     return True
 
 
@@ -145,6 +147,16 @@ def refuse_gemv(p) -> str | None:
     limit = GEMV_MAX_M if choice is None else gemv.MAX_M
     return _refusal(p, limit, "no tuned choice, and the mma kernel is faster there as a rule") \
         or _prefers_other(choice, "cuda_gemv")
+
+
+def refuse_imma(p) -> str | None:
+    why = _refusal(p, imma.MAX_M, f"it holds at most {imma.MAX_M} tokens")
+    if why is not None:
+        return why
+    choice = _choice(p)
+    if choice is None:
+        return "no tuned choice: it runs where the tuned table measured it fastest"
+    return _prefers_other(choice, "cuda_imma")
 
 
 def refuse_mma(p) -> str | None:
@@ -193,6 +205,11 @@ def _tuned(name: str, x2: torch.Tensor, r: mma.MmaWeights, config_type):
 def run_gemv(x: torch.Tensor, r: mma.MmaWeights, bias: torch.Tensor | None) -> torch.Tensor:
     x2 = _flat(x)
     return _finish(gemv.linear(x2, r, _tuned("cuda_gemv", x2, r, gemv.GemvConfig)), x, bias)
+
+
+def run_imma(x: torch.Tensor, r: mma.MmaWeights, bias: torch.Tensor | None) -> torch.Tensor:
+    x2 = _flat(x)
+    return _finish(imma.linear(x2, r, _tuned("cuda_imma", x2, r, imma.ImmaConfig)), x, bias)
 
 
 def run_mma(x: torch.Tensor, r: mma.MmaWeights, bias: torch.Tensor | None) -> torch.Tensor:

@@ -15,25 +15,8 @@
 // workspace rows and counter, so the workspace is zero again for the next call.
 // No headers: compiled by NVRTC after common.cuh.
 
-__device__ __forceinline__ u32 ldg_u32(const u32* p) {
-    u32 v;
-    asm volatile("ld.global.nc.u32 %0, [%1];" : "=r"(v) : "l"(p));
-    return v;
-}
-
 __device__ __forceinline__ u32 smem_addr(const void* p) {
     return (u32)__cvta_generic_to_shared(p);
-}
-
-__device__ __forceinline__ void cp_async16(u32 dst, const void* src, int src_bytes) {
-    asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;" ::"r"(dst), "l"(src), "r"(src_bytes));
-}
-
-__device__ __forceinline__ void cp_async_commit() { asm volatile("cp.async.commit_group;"); }
-
-template <int N>
-__device__ __forceinline__ void cp_async_wait() {
-    asm volatile("cp.async.wait_group %0;" ::"n"(N));
 }
 
 __device__ __forceinline__ void ldmatrix_x4(u32 addr, u32& d0, u32& d1, u32& d2, u32& d3) {
@@ -86,12 +69,6 @@ __device__ __forceinline__ void decode_raw(u32 w, int s, u32 mask, u32 (&a)[4]) 
 
 __device__ __forceinline__ u32 splat_lo(u32 v) { return __byte_perm(v, 0, 0x1010); }
 __device__ __forceinline__ u32 splat_hi(u32 v) { return __byte_perm(v, 0, 0x3232); }
-
-__device__ __forceinline__ u32 lds32(u32 addr) {
-    u32 v;
-    asm volatile("ld.shared.u32 %0, [%1];" : "=r"(v) : "r"(addr));
-    return v;
-}
 
 // MT: token tiles of 8 a block (8 * MT tokens, MT <= 8; blockIdx.z picks the slice of tokens, so M
 // is not bounded); RT: 16-row tiles a warp; KI: 128-input steps a
@@ -166,7 +143,7 @@ __global__ void __launch_bounds__(NW * 32) trit_mma(const U4* __restrict__ wq, c
     u32 row_scale[RT];  // GS == 0: one scale word a row tile, for the whole call
 #pragma unroll
     for (int r = 0; r < RT; ++r)
-        row_scale[r] = (GS == 0 && tile0 + r < NT) ? ldg_u32(sc + (long)(tile0 + r) * GP * 8 + g) : 0u;
+        row_scale[r] = (GS == 0 && tile0 + r < NT) ? ldg32(sc + (long)(tile0 + r) * GP * 8 + g) : 0u;
 
     // Staging, with every address that does not change between chunks worked out once.
     // Activations: KC / 8 16-byte vectors a row, 32 NW / (KC / 8) rows a pass of the block;

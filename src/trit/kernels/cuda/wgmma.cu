@@ -84,7 +84,7 @@ __global__ void __launch_bounds__(NW * 32) trit_wgmma(const U4* __restrict__ wq,
     u32 row_scale[RT];
 #pragma unroll
     for (int r = 0; r < RT; ++r)
-        row_scale[r] = (GS == 0 && tile0 + r < NT) ? ldg_u32(sc + (long)(tile0 + r) * GP * 8 + g) : 0u;
+        row_scale[r] = (GS == 0 && tile0 + r < NT) ? ldg32(sc + (long)(tile0 + r) * GP * 8 + g) : 0u;
 
     // x: thread T copies the 16-byte piece kc = T % (KC / 8) of tokens T / (KC / 8) + p RPP (p < XP), to atom
     // kc / 8, piece (kc % 8) ^ (token % 8): RPP is a multiple of 8, so the piece is the same in every pass.
