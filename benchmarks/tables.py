@@ -407,6 +407,24 @@ def serve_profile() -> str:
     return "\n".join(lines)
 
 
+def serve_head() -> str:
+    """``trit bench serve`` runs of one session with and without ``TRIT_LM_HEAD=int8``: each server's levels."""
+    lines = ["| run | model | weights | lm_head | weights GiB | KV-cache tokens | concurrency | output tok/s | "
+             "TPOT p50 / p99 ms |", "|---|---|---|---|---|---|---|---|---|"]
+    for f in sorted((RESULTS / "serve-int8-head").glob("*.json")):
+        run = json.loads(f.read_text())
+        for sv in run["servers"]:
+            head = run.get("env", {}).get("TRIT_LM_HEAD", "stored") if sv["weights"] == "trit" else "bf16"
+            for lv in sv["levels"]:
+                lines.append(f"| `{f.name}` | {sv['model']} | {sv['weights']} | {head} | {sv['weights_gib']:.2f} | "
+                             f"{sv['kv_cache_tokens']} | {lv['concurrency']} | {lv['output_tokens_per_s']:.0f} | "
+                             f"{lv['tpot_ms']['median']:.2f} / {lv['tpot_ms']['p99']:.2f} |")
+    lines += ["", "vLLM 0.25.1's OpenAI server on one H200, random prompts of 512 tokens, 256 output tokens; the two "
+              "runs one after the other on one machine; each JSON holds its command and the `TRIT_*` variables it ran "
+              "with."]
+    return "\n".join(lines)
+
+
 def _last_flag(args: list[str], flag: str, default: str | None = "-") -> str | None:
     """The value a command line gives ``flag`` (``--flag V``, ``--flag=V``, or with underscores, as vLLM's parser
     also takes): its last, as argparse takes it."""
@@ -523,13 +541,18 @@ def plan_vllm() -> str:
              "plan / measured peak, GiB | error | without the KV cache: plan / measured, GiB | error |",
              "|---|---|---|---|---|---|---|---|---|---|"]
     for f in sorted(RESULTS.glob("serve*/*.json")):
-        for sv in json.loads(f.read_text())["servers"]:
+        run = json.loads(f.read_text())
+        head = run.get("env", {}).get("TRIT_LM_HEAD", "stored")  # the server's setting, as it loaded the head
+        for sv in run["servers"]:
             if sv["weights"] != "trit" or not sv.get("kv_cache_tokens") or not sv.get("gpu_peak_mib"):
                 continue
             kv = _last_flag(sv["args"], "--kv-cache-dtype", "auto")
             batched = int(_last_flag(sv["args"], "--max-num-batched-tokens", str(DEFAULT_MAX_BATCHED_TOKENS)))
+            config = model_config(sv["model"], "trit")
+            if head != "stored":
+                config["quantization_config"]["lm_head"] = head
             with tempfile.TemporaryDirectory() as d:
-                (Path(d) / "config.json").write_text(json.dumps(model_config(sv["model"], "trit")))
+                (Path(d) / "config.json").write_text(json.dumps(config))
                 p = plan(d, PlanOptions(batch=1, max_seq_len=sv["kv_cache_tokens"], kv_cache_dtype=kv,
                                         max_batched_tokens=batched))
             peak = sv["gpu_peak_mib"] * 2**20
@@ -778,7 +801,7 @@ def decode_plots() -> str:
     return "wrote " + ", ".join(str(p) for p in sorted(DECODE.glob("decode_*.png")))
 
 
-TABLES = {"kernels": kernels, "mma": mma, "speedups": speedups, "serving": serving, "serve": serve, "serve-profile": serve_profile, "repack": repack, "lm-head": lm_head, "lm-head-speed": lm_head_speed, "layout-scales": layout_scales, "serve-budget": serve_budget, "plan-vllm": plan_vllm, "cpu": cpu, "cpu-models": cpu_models, "domains": domains, "domains-headline": domains_headline,
+TABLES = {"kernels": kernels, "mma": mma, "speedups": speedups, "serving": serving, "serve": serve, "serve-profile": serve_profile, "serve-head": serve_head, "repack": repack, "lm-head": lm_head, "lm-head-speed": lm_head_speed, "layout-scales": layout_scales, "serve-budget": serve_budget, "plan-vllm": plan_vllm, "cpu": cpu, "cpu-models": cpu_models, "domains": domains, "domains-headline": domains_headline,
           "vllm": vllm, "a8": a8, "ptq": ptq, "quality": quality, "decode": decode, "decode-plots": decode_plots,
           "serve-plot": serve_plot}
 _BLOCK = re.compile(r"(<!-- table:([\w-]+) -->\n)(.*?)(<!-- /table:\2 -->)", re.S)

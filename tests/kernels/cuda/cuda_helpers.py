@@ -43,3 +43,37 @@ def check_layout_kernel(linear, configs, m: int, n: int, k: int, g: int) -> None
             y = linear(x, r, cfg).float()
             err = float((y - want).norm() / want.norm())
             assert err < bound, (cfg, err)
+
+
+def activations(m: int, k: int, device: str = "cpu") -> torch.Tensor:
+    """bf16 activations with an outlier channel of each sign: their steps keep fewer bits, and the int8 kernel's
+    high bytes take both signs."""
+    x = torch.randn(m, k, device=device)
+    x[:, 5] *= 60
+    x[:, 7] = -x[:, 5]
+    return x.to(torch.bfloat16)
+
+
+def rel(a: torch.Tensor, b: torch.Tensor) -> float:
+    return float((a.double() - b.double()).norm() / b.double().norm())
+
+
+def check_against_gemv_emulation(linear, configs, m: int, n: int, k: int, g: int) -> None:
+    """A few-token kernel of the mma layout (``linear(x, r, cfg)``: the GEMV, the int8 GEMV) against the GEMV's
+    emulation (to the bf16 rounding of the output) and the reference (within twice the error of bf16 ``F.linear``
+    on the layout's dense weight), each config twice: split-K leaves its workspace zero for the next call."""
+    from trit.kernels.cuda import gemv, mma
+    from trit.kernels.reference import linear as ref_linear
+
+    packed, scale = random_layer(n, k, g, "cuda")
+    r = mma.repack(packed, scale, g, k)
+    x = activations(m, k, "cuda")
+    want = ref_linear(x, packed, scale, g).float()
+    emulated = gemv.emulate(x, r)
+    dense = torch.nn.functional.linear(x, mma.unpack_layout(r).to(torch.bfloat16)).float()
+    bound = 2 * rel(dense, want) + 1e-3
+    for cfg in configs:
+        for _ in range(2):
+            y = linear(x, r, cfg)
+            assert rel(y, emulated) < 4e-3, cfg
+            assert rel(y, want) < bound, cfg

@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import pytest
 import torch
-from cuda_helpers import have_nvrtc, random_layer  # noqa: I001
+from cuda_helpers import activations, check_against_gemv_emulation, have_nvrtc, random_layer, rel  # noqa: I001
 
 from trit import format as fmt
 from trit.kernels.cuda import gemv, mma, nvrtc
@@ -20,18 +20,8 @@ SHAPES = [(34, 128, 64), (64, 576, 64), (33, 192, fmt.PER_ROW), (130, 256, 32), 
           (200, 2048, 64)]
 
 
-def _activations(m: int, k: int, device: str = "cpu") -> torch.Tensor:
-    x = torch.randn(m, k, device=device)
-    x[:, 5] *= 60  # an outlier channel: the inputs of its step keep fewer bits
-    return x.to(torch.bfloat16)
-
-
-def _rel(a: torch.Tensor, b: torch.Tensor) -> float:
-    return float((a.double() - b.double()).norm() / b.double().norm())
-
-
 def test_activations_round_to_15_bits_a_step_with_the_largest_exact() -> None:
-    x = _activations(3, 300)
+    x = activations(3, 300)
     xi, inv = gemv.quantize_activations(x, 3)
     assert xi.shape == (3, 384) and inv.shape == (3, 3)
     assert xi.abs().max() < 2**15 and torch.equal(xi, xi.round())
@@ -52,11 +42,11 @@ def test_activations_round_to_15_bits_a_step_with_the_largest_exact() -> None:
 def test_the_arithmetic_matches_the_reference(m: int, n: int, k: int, g: int) -> None:
     packed, scale = random_layer(n, k, g)
     r = mma.repack(packed, scale, g, k)
-    x = _activations(m, k)
+    x = activations(m, k)
     want = ref_linear(x.float(), packed, scale.to(torch.bfloat16).float(), g)
     got = gemv.emulate(x, r)
     assert got.shape == (m, n)
-    assert _rel(got, want) < 2e-4  # bf16 rounding of the output alone is 2**-9
+    assert rel(got, want) < 2e-4  # bf16 rounding of the output alone is 2**-9
 
 
 def test_configs() -> None:
@@ -88,18 +78,8 @@ def test_every_variant_compiles(arch: str) -> None:
 @pytest.mark.parametrize("m", [1, 2, 3, 4])
 @pytest.mark.parametrize(("n", "k", "g"), SHAPES)
 def test_the_kernel_matches_its_emulation_and_the_reference(m: int, n: int, k: int, g: int) -> None:
-    packed, scale = random_layer(n, k, g, "cuda")
-    r = mma.repack(packed, scale, g, k)
-    x = _activations(m, k, "cuda")
-    want = ref_linear(x, packed, scale, g).float()
-    emulated = gemv.emulate(x, r)
-    dense = torch.nn.functional.linear(x, mma.unpack_layout(r).to(torch.bfloat16)).float()
-    bound = 2 * _rel(dense, want) + 1e-3
-    for cfg in (gemv.GemvConfig(1, 1, 4, 2), gemv.GemvConfig(2, 3, 4, 4), gemv.GemvConfig(1, 2, 8, 8)):
-        for _ in range(2):  # twice: split-K leaves its workspace zero for the next call
-            y = gemv.linear(x, r, cfg)
-            assert _rel(y, emulated) < 4e-3, cfg  # the bf16 rounding of the output
-            assert _rel(y, want) < bound, cfg
+    configs = (gemv.GemvConfig(1, 1, 4, 2), gemv.GemvConfig(2, 3, 4, 4), gemv.GemvConfig(1, 2, 8, 8))
+    check_against_gemv_emulation(gemv.linear, configs, m, n, k, g)
 
 
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a GPU")

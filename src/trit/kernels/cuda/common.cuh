@@ -63,6 +63,31 @@ __device__ __forceinline__ void cp_async_wait() {
     asm volatile("cp.async.wait_group %0;" ::"n"(N));
 }
 
+// Rounding activations per 128-input step (trit_gemv, trit_imma): a warp a (step, token), four inputs a lane.
+// A warp loads QB jobs' inputs before it rounds any, so that their loads are in flight together (one at a time,
+// each job waited a full global-memory latency).
+#define QB 4
+
+// Four bf16 inputs of token m from column col (K % 8 == 0: four are all in or all out); zero past M or K.
+__device__ __forceinline__ uint2 load_x4(const u16* __restrict__ x, int m, int M, int K, int col) {
+    return (m < M && col < K) ? *reinterpret_cast<const uint2*>(x + (long)m * K + col) : make_uint2(0u, 0u);
+}
+
+// The lane's four inputs as floats, and the step's scale against the warp's largest: amax < 2^e, so
+// x * up < 2^15 with up = 2^(15 - e) (a bf16 that large is an exact integer), x ~= xi * inv with inv = 2^(e - 15).
+__device__ __forceinline__ void step_scale(uint2 raw, float (&v)[4], float& up, float& inv) {
+    v[0] = __uint_as_float(raw.x << 16), v[1] = __uint_as_float(raw.x & 0xFFFF0000u);
+    v[2] = __uint_as_float(raw.y << 16), v[3] = __uint_as_float(raw.y & 0xFFFF0000u);
+    float amax = fmaxf(fmaxf(fabsf(v[0]), fabsf(v[1])), fmaxf(fabsf(v[2]), fabsf(v[3])));
+#pragma unroll
+    for (int o = 16; o > 0; o >>= 1) amax = fmaxf(amax, __shfl_xor_sync(0xFFFFFFFFu, amax, o));
+    int e = 0;
+    frexpf(amax, &e);
+    e = max(e, -100);  // a step of tiny values: 2^(15 - e) stays finite (they round to zero)
+    up = amax > 0.f ? ldexpf(1.f, 15 - e) : 0.f;
+    inv = amax > 0.f ? ldexpf(1.f, e - 15) : 0.f;
+}
+
 __device__ __forceinline__ u16 f32_to_bf16(float v) {
     u16 r;
     asm("cvt.rn.bf16.f32 %0, %1;" : "=h"(r) : "f"(v));

@@ -14,7 +14,8 @@
 // off once (by the quad's first lane). The four lanes of a quad hold the same rows and are added with two
 // shuffles at the end.
 //
-// Codes and scales are read straight from global memory into registers, PF steps ahead. Split-K adds
+// Codes and scales are read straight from global memory into registers, PF steps ahead (the first PF steps
+// before the activations are rounded). Split-K adds
 // into an fp32 workspace with red.add, and the last block of a row block writes the output and zeroes its
 // workspace and counter (as trit_mma does; they share the workspace). No headers: compiled by NVRTC after common.cuh.
 
@@ -52,46 +53,9 @@ __global__ void __launch_bounds__(NW * 32) trit_gemv(const U4* __restrict__ wq, 
     const int s1 = min(KS, s0 + steps_per_split);
     const int nsteps = s1 - s0;
 
-    // 1. Quantize this block's share of the activations: a warp a (step, token), four inputs a lane.
-    for (int job = warp; job < nsteps * MG; job += NW) {
-        const int i = job / MG, m = job % MG;
-        unsigned char* rec = smem + i * SB;
-        const int col = (s0 + i) * 128 + 4 * lane;
-        float v[4] = {0.f, 0.f, 0.f, 0.f};
-        if (m < M && col < K) {  // K % 8 == 0: four inputs are all in or all out
-            const uint2 raw = *reinterpret_cast<const uint2*>(x + (long)m * K + col);
-            v[0] = __uint_as_float(raw.x << 16), v[1] = __uint_as_float(raw.x & 0xFFFF0000u);
-            v[2] = __uint_as_float(raw.y << 16), v[3] = __uint_as_float(raw.y & 0xFFFF0000u);
-        }
-        float amax = fmaxf(fmaxf(fabsf(v[0]), fabsf(v[1])), fmaxf(fabsf(v[2]), fabsf(v[3])));
-#pragma unroll
-        for (int o = 16; o > 0; o >>= 1) amax = fmaxf(amax, __shfl_xor_sync(0xFFFFFFFFu, amax, o));
-        int e = 0;
-        frexpf(amax, &e);  // amax < 2^e: amax * 2^(15 - e) < 2^15, and a bf16 that large is an exact integer
-        e = max(e, -100);  // a step of tiny values: 2^(15 - e) stays finite (they round to zero)
-        const float up = amax > 0.f ? ldexpf(1.f, 15 - e) : 0.f, inv = amax > 0.f ? ldexpf(1.f, e - 15) : 0.f;
-        short* pairs = reinterpret_cast<short*>(rec);
-        int part = 0;
-#pragma unroll
-        for (int vv = 0; vv < 4; ++vv) {
-            const int xi = __float2int_rn(v[vv] * up);
-            part += xi;
-            const int c32 = (4 * lane + vv) & 31, j = lane >> 3;
-            const int s = c32 >> 4, h = (c32 >> 3) & 1, tt = (c32 & 7) >> 1, el = c32 & 1;
-            pairs[(((j * MG + m) * 4 + tt) * 4 + el * 2 + h) * 2 + s] = (short)xi;
-        }
-#pragma unroll
-        for (int o = 1; o < 8 * U; o <<= 1) part += __shfl_xor_sync(0xFFFFFFFFu, part, o);
-        if (lane % (8 * U) == 0) reinterpret_cast<float*>(rec + XU_OFF)[(lane / (8 * U)) * MG + m] = (float)part * inv;
-        if (lane == 0) {
-            reinterpret_cast<float*>(rec + XS_OFF)[m * 2] = inv * 0.0625f;
-            reinterpret_cast<float*>(rec + XS_OFF)[m * 2 + 1] = inv * 0.015625f;
-        }
-    }
-    __syncthreads();
-
-    // 2. The warp's row tiles (a tile past N reads the last one, and is never stored). Pointers advance a step
-    // at a time; codes and scales are loaded PF steps ahead, into a ring of registers.
+    // 1. The warp's row tiles (a tile past N reads the last one, and is never stored). Pointers advance a step
+    // at a time; codes and scales are loaded PF steps ahead, into a ring of registers: the first PF steps before
+    // the activations are rounded, so that their loads are in flight meanwhile.
     const int tile0 = (blockIdx.x * NW + warp) * RT;
     constexpr int NSC = GS == 0 ? 1 : UPS;  // scale words a step
     const U4* wp[RT];
@@ -116,6 +80,44 @@ __global__ void __launch_bounds__(NW * 32) trit_gemv(const U4* __restrict__ wq, 
         wp[r] += PF * 32;
         sp[r] += GS == 0 ? 0 : PF * UPS * 8;
     }
+
+    // 2. Quantize this block's share of the activations: a warp a (step, token), four inputs a lane, QB jobs'
+    // loads at once.
+    for (int base = warp; base < nsteps * MG; base += QB * NW) {
+        uint2 raw[QB];
+#pragma unroll
+        for (int q = 0; q < QB; ++q) {
+            const int job = base + q * NW;
+            raw[q] = job < nsteps * MG ? load_x4(x, job % MG, M, K, (s0 + job / MG) * 128 + 4 * lane) : make_uint2(0u, 0u);
+        }
+#pragma unroll
+        for (int q = 0; q < QB; ++q) {
+            const int job = base + q * NW;
+            if (job >= nsteps * MG) break;
+            const int i = job / MG, m = job % MG;
+            unsigned char* rec = smem + i * SB;
+            float v[4], up, inv;
+            step_scale(raw[q], v, up, inv);
+            short* pairs = reinterpret_cast<short*>(rec);
+            int part = 0;
+#pragma unroll
+            for (int vv = 0; vv < 4; ++vv) {
+                const int xi = __float2int_rn(v[vv] * up);
+                part += xi;
+                const int c32 = (4 * lane + vv) & 31, j = lane >> 3;
+                const int s = c32 >> 4, h = (c32 >> 3) & 1, tt = (c32 & 7) >> 1, el = c32 & 1;
+                pairs[(((j * MG + m) * 4 + tt) * 4 + el * 2 + h) * 2 + s] = (short)xi;
+            }
+#pragma unroll
+            for (int o = 1; o < 8 * U; o <<= 1) part += __shfl_xor_sync(0xFFFFFFFFu, part, o);
+            if (lane % (8 * U) == 0) reinterpret_cast<float*>(rec + XU_OFF)[(lane / (8 * U)) * MG + m] = (float)part * inv;
+            if (lane == 0) {
+                reinterpret_cast<float*>(rec + XS_OFF)[m * 2] = inv * 0.0625f;
+                reinterpret_cast<float*>(rec + XS_OFF)[m * 2 + 1] = inv * 0.015625f;
+            }
+        }
+    }
+    __syncthreads();
 
     float accg[RT][MG], acch[RT][MG];
 #pragma unroll

@@ -94,41 +94,41 @@ __global__ void __launch_bounds__(NW * 32) trit_imma(const U4* __restrict__ wq, 
         cp_async_commit();
     }
 
-    // 2. Round this block's share of the activations: a warp a (step, token), four inputs a lane. Tokens past M
-    // are left unwritten: an MMA's token columns are independent, and theirs are never stored.
-    for (int job = warp; job < nsteps * MG; job += NW) {
-        const int i = job / MG, m = job % MG;
-        if (m >= M) continue;
-        unsigned char* rec = smem + i * SB;
-        const int col = (s0 + i) * 128 + 4 * lane;
-        float v[4] = {0.f, 0.f, 0.f, 0.f};
-        if (col < K) {  // K % 8 == 0: four inputs are all in or all out
-            const uint2 raw = *reinterpret_cast<const uint2*>(x + (long)m * K + col);
-            v[0] = __uint_as_float(raw.x << 16), v[1] = __uint_as_float(raw.x & 0xFFFF0000u);
-            v[2] = __uint_as_float(raw.y << 16), v[3] = __uint_as_float(raw.y & 0xFFFF0000u);
-        }
-        float amax = fmaxf(fmaxf(fabsf(v[0]), fabsf(v[1])), fmaxf(fabsf(v[2]), fabsf(v[3])));
+    // 2. Round this block's share of the activations: a warp a (step, token), four inputs a lane, the jobs of the
+    // M tokens spread over the warps, QB jobs' loads at once. Tokens past M are left unwritten: an MMA's token
+    // columns are independent, and theirs are never stored.
+    const int mm = min(M, MG), jobs = nsteps * mm;
+    for (int base = warp; base < jobs; base += QB * NW) {
+        uint2 raw[QB];
 #pragma unroll
-        for (int o = 16; o > 0; o >>= 1) amax = fmaxf(amax, __shfl_xor_sync(0xFFFFFFFFu, amax, o));
-        int e = 0;
-        frexpf(amax, &e);  // amax < 2^e: amax * 2^(15 - e) < 2^15, and a bf16 that large is an exact integer
-        e = max(e, -100);  // a step of tiny values: 2^(15 - e) stays finite (they round to zero)
-        const float up = amax > 0.f ? ldexpf(1.f, 15 - e) : 0.f, inv = amax > 0.f ? ldexpf(1.f, e - 15) : 0.f;
-        int part = 0;
-#pragma unroll
-        for (int vv = 0; vv < 4; ++vv) {
-            const int xi = __float2int_rn(v[vv] * up);
-            part += xi;
-            const int c = 4 * lane + vv, j = c >> 5, c32 = c & 31, rem = c32 & 15;
-            const int b = (c32 >> 4) | ((rem & 1) << 1), tq = (rem >> 1) & 3, h = rem >> 3;
-            unsigned char* p = rec + ((j * MG + m) * 4 + tq) * 16 + h * 4 + b;
-            p[0] = (unsigned char)(xi >> 8);    // hi: an s8
-            p[8] = (unsigned char)(xi & 0xFF);  // lo: a u8
+        for (int q = 0; q < QB; ++q) {
+            const int job = base + q * NW;
+            raw[q] = job < jobs ? load_x4(x, job % mm, M, K, (s0 + job / mm) * 128 + 4 * lane) : make_uint2(0u, 0u);
         }
 #pragma unroll
-        for (int o = 1; o < 8 * U; o <<= 1) part += __shfl_xor_sync(0xFFFFFFFFu, part, o);
-        if (lane % (8 * U) == 0) reinterpret_cast<float*>(rec + XU_OFF)[(lane / (8 * U)) * MG + m] = (float)part * inv;
-        if (lane == 0) reinterpret_cast<float*>(rec + XI_OFF)[m] = inv;
+        for (int q = 0; q < QB; ++q) {
+            const int job = base + q * NW;
+            if (job >= jobs) break;
+            const int i = job / mm, m = job % mm;
+            unsigned char* rec = smem + i * SB;
+            float v[4], up, inv;
+            step_scale(raw[q], v, up, inv);
+            int part = 0;
+#pragma unroll
+            for (int vv = 0; vv < 4; ++vv) {
+                const int xi = __float2int_rn(v[vv] * up);
+                part += xi;
+                const int c = 4 * lane + vv, j = c >> 5, c32 = c & 31, rem = c32 & 15;
+                const int b = (c32 >> 4) | ((rem & 1) << 1), tq = (rem >> 1) & 3, h = rem >> 3;
+                unsigned char* p = rec + ((j * MG + m) * 4 + tq) * 16 + h * 4 + b;
+                p[0] = (unsigned char)(xi >> 8);    // hi: an s8
+                p[8] = (unsigned char)(xi & 0xFF);  // lo: a u8
+            }
+#pragma unroll
+            for (int o = 1; o < 8 * U; o <<= 1) part += __shfl_xor_sync(0xFFFFFFFFu, part, o);
+            if (lane % (8 * U) == 0) reinterpret_cast<float*>(rec + XU_OFF)[(lane / (8 * U)) * MG + m] = (float)part * inv;
+            if (lane == 0) reinterpret_cast<float*>(rec + XI_OFF)[m] = inv;
+        }
     }
     __syncthreads();
 
