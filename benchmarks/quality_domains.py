@@ -146,7 +146,7 @@ def main() -> int:
         command = None if flags is None else " ".join(["trit quantize MODEL OUT", *flags])
         heal_report = None
         if heal_flags is not None:
-            from trit.cli import _parser, heal_options
+            from trit.cli import heal_options, parser
             from trit.heal import heal
 
             healed = work / name
@@ -154,7 +154,7 @@ def main() -> int:
             heal_flags = [*heal_flags, *(["--sample-batch", str(args.heal_sample_batch)]
                                          if args.heal_sample_batch is not None else []),
                           *(["--no-grad-checkpointing"] if args.heal_no_grad_checkpointing else [])]
-            heal_args = _parser().parse_args(["heal", str(path), str(healed), "--teacher", str(float_dir),
+            heal_args = parser().parse_args(["heal", str(path), str(healed), "--teacher", str(float_dir),
                                               *heal_flags, "--device", args.device])
             heal_report = heal(path, float_dir, healed, heal_options(heal_args), overwrite=True,
                                progress=True,  # progress on stderr: a run cut short shows how far it got

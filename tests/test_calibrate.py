@@ -166,20 +166,20 @@ def test_a_cache_that_cannot_be_written_is_passed_over(tiny: Path, tmp_path: Pat
 
 
 def test_calib_cache_flag() -> None:
-    from trit.cli import _parser
+    from trit.cli import parser
 
     base = ["quantize", "m", "o", "--method", "gptq"]
-    assert _parser().parse_args(base).calib_cache is True
-    assert _parser().parse_args([*base, "--no-calib-cache"]).calib_cache is False
+    assert parser().parse_args(base).calib_cache is True
+    assert parser().parse_args([*base, "--no-calib-cache"]).calib_cache is False
 
 
 def test_float_target_flag() -> None:
-    from trit.cli import _parser
+    from trit.cli import parser
 
     base = ["quantize", "m", "o", "--method", "gptq"]
-    assert _parser().parse_args(base).float_target is None  # the converter decides by the number of planes
-    assert _parser().parse_args([*base, "--float-target"]).float_target is True
-    assert _parser().parse_args([*base, "--no-float-target"]).float_target is False
+    assert parser().parse_args(base).float_target is None  # the converter decides by the number of planes
+    assert parser().parse_args([*base, "--float-target"]).float_target is True
+    assert parser().parse_args([*base, "--no-float-target"]).float_target is False
 
 
 @pytest.mark.parametrize(("planes", "want"), [(1, True), (2, False)])

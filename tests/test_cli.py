@@ -69,12 +69,12 @@ def test_quantize_bad_options(tiny_llama: Path, tmp_path: Path, flags: list[str]
 
 def test_quantize_gptq_defaults_are_the_measured_recipe() -> None:
     """``trit quantize`` defaults to act-order and three passes, as ``ConvertOptions`` does; both can be undone."""
-    from trit.cli import _parser, convert_options
+    from trit.cli import convert_options, parser
     from trit.convert import ConvertOptions
 
-    opts = convert_options(_parser().parse_args(["quantize", "m", "o", "--method", "gptq"]))
+    opts = convert_options(parser().parse_args(["quantize", "m", "o", "--method", "gptq"]))
     assert opts == ConvertOptions() and (opts.act_order, opts.passes, opts.group_size) == (True, 3, 64)
-    opts = convert_options(_parser().parse_args(["quantize", "m", "o", "--no-act-order", "--passes", "1"]))
+    opts = convert_options(parser().parse_args(["quantize", "m", "o", "--no-act-order", "--passes", "1"]))
     assert (opts.act_order, opts.passes) == (False, 1)
 
 

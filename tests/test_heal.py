@@ -192,16 +192,16 @@ def test_cli_runs_two_phases(pair, tmp_path: Path, capsys: pytest.CaptureFixture
 
 def test_cli_defaults_are_the_library_defaults() -> None:
     """``trit heal`` with no options runs ``HealOptions()``: the measured recipe, two phases."""
-    from trit.cli import _parser
+    from trit.cli import parser
 
-    args = _parser().parse_args(["heal", "ckpt", "out", "--teacher", "teacher"])
+    args = parser().parse_args(["heal", "ckpt", "out", "--teacher", "teacher"])
     defaults = HealOptions()
     for name in ("steps", "lr", "weight_lr", "batch", "seq_len", "train_samples", "heldout_samples", "sample_batch",
                  "scales_first", "scales_first_lr", "eval_every", "grad_checkpointing", "freeze_codes",
                  "train_embeddings", "data", "device", "compile", "mix_sampled", "sample_first"):
         assert getattr(args, name) == getattr(defaults, name), name
     assert defaults.scales_first > 0 and defaults.weight_lr > defaults.lr  # codes fixed first, then weights move
-    sub = next(a for a in _parser()._actions if a.dest == "command").choices["heal"]
+    sub = next(a for a in parser()._actions if a.dest == "command").choices["heal"]
     text = sub.format_help()
     assert f"(default: {defaults.steps})" in text and f"(default: {defaults.scales_first})" in text
 

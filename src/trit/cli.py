@@ -345,7 +345,7 @@ def _bench_parser(sub) -> None:
                     "regression guard); trit bench sass --help", add_help=False)
 
 
-def _parser() -> argparse.ArgumentParser:
+def parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(prog="trit", formatter_class=_Help,
                                 description="Ternary language models: quantize, run, serve.",
                                 epilog="start here:\n  trit demo\n  trit quantize MODEL_DIR OUT_DIR\n"
@@ -528,7 +528,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         except TritError as e:
             print(f"trit: error: {e}", file=sys.stderr)
             return EXIT_USAGE
-    args = _parser().parse_args(argv)
+    args = parser().parse_args(argv)
     try:
         return _dispatch(args)
     except TritError as e:
