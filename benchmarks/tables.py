@@ -28,7 +28,9 @@ with the output of ``NAME``.
 
 from __future__ import annotations
 
+import contextlib
 import json
+import os
 import re
 import sys
 from pathlib import Path
@@ -526,6 +528,23 @@ def serve_budget() -> str:
     return "\n".join(lines)
 
 
+@contextlib.contextmanager
+def _env(name: str, value: str | None):
+    """``os.environ[name]`` set to ``value`` (``None``: unset) for the block, as it was after."""
+    before = os.environ.get(name)
+    if value is None:
+        os.environ.pop(name, None)
+    else:
+        os.environ[name] = value
+    try:
+        yield
+    finally:
+        if before is None:
+            os.environ.pop(name, None)
+        else:
+            os.environ[name] = before
+
+
 def plan_vllm() -> str:
     """``trit plan``'s ledger for each trit server of the serve runs, at the KV cache vLLM allocated, against the
     server's measured peak (vLLM fills its memory share with KV cache, so the plan is asked for that many tokens;
@@ -542,7 +561,7 @@ def plan_vllm() -> str:
              "|---|---|---|---|---|---|---|---|---|---|"]
     for f in sorted(RESULTS.glob("serve*/*.json")):
         run = json.loads(f.read_text())
-        head = run.get("env", {}).get("TRIT_LM_HEAD", "stored")  # the server's setting, as it loaded the head
+        head = run.get("env", {}).get("TRIT_LM_HEAD") or "stored"  # the server's setting, as it loaded the head
         for sv in run["servers"]:
             if sv["weights"] != "trit" or not sv.get("kv_cache_tokens") or not sv.get("gpu_peak_mib"):
                 continue
@@ -551,7 +570,7 @@ def plan_vllm() -> str:
             config = model_config(sv["model"], "trit")
             if head != "stored":
                 config["quantization_config"]["lm_head"] = head
-            with tempfile.TemporaryDirectory() as d:
+            with tempfile.TemporaryDirectory() as d, _env("TRIT_LM_HEAD", None):  # the run's head, not this shell's
                 (Path(d) / "config.json").write_text(json.dumps(config))
                 p = plan(d, PlanOptions(batch=1, max_seq_len=sv["kv_cache_tokens"], kv_cache_dtype=kv,
                                         max_batched_tokens=batched))

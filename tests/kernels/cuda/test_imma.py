@@ -53,6 +53,10 @@ def test_configs() -> None:
     assert imma.kernel_name(2, cfg, fmt.PER_ROW) == "trit_imma<2, 2, 0, 4, 8>"
     r = mma.shape_only(28672, 4096, 64)
     space = imma.configs_for(r, 132)
+    big = imma.ImmaConfig(2, 1, 8, 8)
+    small = imma.fit_shared_memory(4, big, 32, 99 * 1024 - 1024)  # a 99 KiB GPU (sm_86/89)
+    assert small.stages < 8 and imma.smem_bytes(4, small, 1, 32) <= 98 * 1024
+    assert imma.fit_shared_memory(1, big, 64, 226 * 1024) == big  # an H200 holds it as it is
     h = imma.heuristic(1, r.row_tiles, r.k_steps, 132)
     assert -(-r.row_tiles // (h.warps * h.rt)) * h.splits >= 2 * 132  # every SM has blocks to run
     assert all(c.splits <= r.k_steps for c in space) and len(set(space)) == len(space)

@@ -52,7 +52,7 @@ def test_shipped_table_names_candidates_and_valid_configs() -> None:
 
     from trit.kernels import registry, tuning
     from trit.kernels.cuda import gemv as cuda_gemv
-    from trit.kernels.cuda import mma, wgmma
+    from trit.kernels.cuda import imma, mma, wgmma
     from trit.kernels.triton import gemm, skinny
 
     data = json.loads((tuning.SHIPPED / "h200.json").read_text())
@@ -60,7 +60,7 @@ def test_shipped_table_names_candidates_and_valid_configs() -> None:
     assert data["choice"] and all(f"triton_{c}" in names for c in data["choice"].values())
     assert data["choice_mma"] and all(c in names for c in data["choice_mma"].values())  # the mma layout's
     types = {"gemv": gemv.GemvConfig, "gemm": gemm.GemmConfig, "skinny": skinny.SkinnyConfig,
-             "cuda_gemv": cuda_gemv.GemvConfig, "cuda_mma": mma.MmaConfig, "cuda_wgmma": wgmma.WgmmaConfig}
+             "cuda_gemv": cuda_gemv.GemvConfig, "cuda_imma": imma.ImmaConfig, "cuda_mma": mma.MmaConfig, "cuda_wgmma": wgmma.WgmmaConfig}
     assert set(data["configs"]) == set(types)
     for kernel, entries in data["configs"].items():
         for cfg in entries.values():

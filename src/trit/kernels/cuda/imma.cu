@@ -12,7 +12,7 @@
 // integer sum. A block rounds its share of the activations into shared memory once, each record ordered so
 // that one 16-byte load gives a lane its hi b0, hi b1, lo b0, lo b1.
 //
-// Eight tokens fill an MMA's B operand, so every M up to 8 NTT costs the same decoding and loads: a 32-bit
+// Eight tokens fill an MMA's B operand, so every M up to 8 NTT costs the same decoding and loads (the rounding grows with M): a 32-bit
 // word, four logic ops and three shifts for 16 weights, and 2 NTT MMAs. Codes and scales go through a ring of
 // ST shared-memory stages filled by cp.async, each lane its own 16 bytes (so no barrier); the first ST - 1
 // stages are in flight before the activations are rounded. Split-K adds into the fp32 workspace with red.add,
@@ -98,16 +98,16 @@ __global__ void __launch_bounds__(NW * 32) trit_imma(const U4* __restrict__ wq, 
     // M tokens spread over the warps, QB jobs' loads at once. Tokens past M are left unwritten: an MMA's token
     // columns are independent, and theirs are never stored.
     const int mm = min(M, MG), jobs = nsteps * mm;
-    for (int base = warp; base < jobs; base += QB * NW) {
+    for (int first = warp; first < jobs; first += QB * NW) {
         uint2 raw[QB];
 #pragma unroll
         for (int q = 0; q < QB; ++q) {
-            const int job = base + q * NW;
+            const int job = first + q * NW;
             raw[q] = job < jobs ? load_x4(x, job % mm, M, K, (s0 + job / mm) * 128 + 4 * lane) : make_uint2(0u, 0u);
         }
 #pragma unroll
         for (int q = 0; q < QB; ++q) {
-            const int job = base + q * NW;
+            const int job = first + q * NW;
             if (job >= jobs) break;
             const int i = job / mm, m = job % mm;
             unsigned char* rec = smem + i * SB;
@@ -194,7 +194,7 @@ __global__ void __launch_bounds__(NW * 32) trit_imma(const U4* __restrict__ wq, 
                         const u32 sw = GS == 0 ? 0u : lds32(ring_s + ((slot * RT + r) * NSC + u) * SSLOT);
 #pragma unroll
                         for (int e = 0; e < 4; ++e) {
-                            const int s = ihi[r][nt][e] * 256 + ilo[r][nt][e];  // |s| < 2^22: exact in f32
+                            const int s = ihi[r][nt][e] * 256 + ilo[r][nt][e];  // |s| < 2^23: exact in f32
                             const float d = fmaf((float)s, e & 1 ? inv1 : inv0, -(e & 1 ? xo1 : xo0));
                             if (GS == 0) acc[r][nt][e] += d;
                             else acc[r][nt][e] = fmaf(__uint_as_float(e < 2 ? sw << 16 : sw & 0xFFFF0000u), d,

@@ -5,8 +5,9 @@ to 15-bit integers, :func:`trit.kernels.cuda.gemv.quantize_activations`; exact
 integer sums of codes times those integers a scale group; so
 :func:`trit.kernels.cuda.gemv.emulate` is its arithmetic too), but on
 ``mma.sync m16n8k32`` with the codes as the u8 A operand and the integers split
-into a high (s8) and a low (u8) byte, two MMAs: eight tokens cost what one
-does, where the GEMV's ``dp2a`` work grows with each token.
+into a high (s8) and a low (u8) byte, two MMAs: up to eight tokens take the
+same MMAs and weight loads (only the rounding grows with M), where the GEMV's
+``dp2a`` work grows with each token.
 
 A word of the layout decodes into the four A registers with a shift and a
 mask each; the MMA's reduction runs over a permutation of the word's inputs,
@@ -17,7 +18,7 @@ PyTorch, so the CPU tests check that permutation.
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from functools import lru_cache
 from pathlib import Path
 
@@ -72,9 +73,25 @@ def kernel_name(tt: int, cfg: ImmaConfig, group_size: int) -> str:
 
 def heuristic(m: int, row_tiles: int, k_steps: int, sms: int) -> ImmaConfig:
     """The GEMV's shape of grid (two row tiles a warp where that still fills the SMs, K splits to about four
-    blocks an SM), with eight stages."""
+    blocks an SM), with four stages (what tuning chose on every problem on the H200)."""
     g = gemv.heuristic(min(m, gemv.MAX_M), row_tiles, k_steps, sms)
-    return ImmaConfig(g.rt, g.splits, 4, 8)
+    return ImmaConfig(g.rt, g.splits, 4, 4)
+
+
+def fit_shared_memory(tt: int, cfg: ImmaConfig, group_size: int, limit: int) -> ImmaConfig:
+    """``cfg``, or the nearest config whose ring and one step's record fit ``limit`` bytes: fewer stages (down to
+    2), then four warps, then one row tile (a table or cache tuned on a GPU with more shared memory still runs;
+    more steps a split than fit are split further by the launch)."""
+    while smem_bytes(tt, cfg, 1, group_size) > limit:
+        if cfg.stages > 2:
+            cfg = replace(cfg, stages=cfg.stages - 1)
+        elif cfg.warps > 4:
+            cfg = replace(cfg, warps=4)
+        elif cfg.rt > 1:
+            cfg = replace(cfg, rt=1)
+        else:
+            break  # 2 stages, 4 warps, 1 row tile: under 20 KiB at 4 token tiles
+    return cfg
 
 
 def configs_for(r: mma.MmaWeights, sms: int) -> list[ImmaConfig]:
@@ -98,6 +115,7 @@ def linear(x: torch.Tensor, r: mma.MmaWeights, config: ImmaConfig | None = None)
     x = gemv.check_x(x, r, "trit_imma")
     tt = token_tiles(x.shape[0])
     cfg = config or heuristic(x.shape[0], r.row_tiles, r.k_steps, sm_count())
+    cfg = fit_shared_memory(tt, cfg, r.group_size, min(gemv.MAX_SMEM, mma.max_smem(x.device) - 1024))
     return gemv.launch(source(), kernel_name(tt, cfg, r.group_size),
                        lambda per: smem_bytes(tt, cfg, per, r.group_size), x, r, cfg.splits, cfg.warps * cfg.rt,
                        cfg.warps)
