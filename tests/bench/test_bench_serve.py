@@ -108,3 +108,25 @@ def test_starts_take_turns_between_weight_kinds(tmp_path: Path, monkeypatch) -> 
     assert [s["start"] for s in json.loads(out.read_text())["servers"]] == [0, 0, 1, 1]
     with pytest.raises(SystemExit):
         serve.main(["--models", "tiny", "--starts", "0", "--out", str(out)])
+
+
+def test_a_profiled_start_that_fails_says_so_in_its_profile(tmp_path: Path, monkeypatch) -> None:
+    from trit.bench import serve
+
+    class FailingServer:  # the server process exits before it serves anything
+        def __init__(self, *args, **kwargs) -> None:
+            pass
+
+        def __enter__(self):
+            raise serve.ServerError("the server exited with code 1")
+
+        def __exit__(self, *exc) -> bool:
+            return False
+
+    monkeypatch.setattr(serve, "VllmServer", FailingServer)
+    args = serve.parse_args(["--models", "tiny", "--weights", "trit", "--starts", "2", "--profile", "2",
+                             "--out", str(tmp_path / "serve.json")])
+    first = serve.run_server("tiny", "trit", args, tmp_path, start=0)
+    last = serve.run_server("tiny", "trit", args, tmp_path, start=1)
+    assert first.error and first.profile is None  # not the start to be profiled: nothing was lost
+    assert last.profile == {"concurrency": 2, "error": f"the profiled start failed: {last.error}"}

@@ -198,14 +198,15 @@ def _tune_tiled(x: torch.Tensor, reps: list, key: str) -> dict:
     nvrtc.precompile(cwgmma.source(), [cwgmma.kernel_name(c, GROUP) for c in wg], arch_suffix="a")
     im = cimma.configs_for(reps[0], sm_count()) if m <= cimma.MAX_M else []
     nvrtc.precompile(cimma.source(), [cimma.kernel_name(cimma.token_tiles(m), c, GROUP) for c in im])
+    # the mma kernel over its whole search space wherever it is timed: at M <= 4 it once ran at its heuristic config
+    # only, which favoured the kernels tuned beside it (the GEMV, the int8 GEMV)
+    mm = cmma.configs_for(m, reps[0], sm_count()) if m <= cmma.TUNE_MAX_M else []
+    nvrtc.precompile(cmma.source(), [cmma.kernel_name(cmma.token_tiles(m, c.mt), c, GROUP) for c in mm])
     for name, run, cands in (
         ("cuda_imma", cimma.linear, im),
         ("cuda_gemv", cgemv.linear, cgemv.configs_for(reps[0], sm_count()) if m <= cgemv.MAX_M else ()),
         ("cuda_wgmma", cwgmma.linear, wg),
-        # where the GEMV can take the problem, the mma kernel at its heuristic config only (a shorter run)
-        ("cuda_mma", cmma.linear, () if m > cmma.TUNE_MAX_M else [cmma.heuristic(m, reps[0].row_tiles, reps[0].k_steps,
-                                                                          sm_count())]
-         if m <= cgemv.MAX_M else cmma.configs_for(m, reps[0], sm_count())),
+        ("cuda_mma", cmma.linear, mm),
     ):
         if not cands:
             continue

@@ -200,6 +200,8 @@ def run_server(shape: str, weights: str, args: argparse.Namespace, work: Path, s
                 save(server)
     except (ServerError, subprocess.TimeoutExpired) as e:
         server.error = f"{type(e).__name__}: {e}"
+        if profiled and server.profile is None:  # said in the JSON: this was the start to be profiled
+            server.profile = {"concurrency": args.profile, "error": f"the profiled start failed: {server.error}"}
     finally:
         memory.stop.set()
         memory.join()
