@@ -112,24 +112,15 @@ def launch(source: str, name: str, smem_for, x: torch.Tensor, r: mma.MmaWeights,
     """Run a few-token kernel of this layout (``trit_gemv``, ``trit_imma``: the same arguments) on ``x`` from
     :func:`check_x`: row blocks of ``block_tiles`` tiles x K splits, each split's rounded activations in shared
     memory (``smem_for(steps)``; a very long K takes more splits, each rounding less)."""
-    import ctypes
-
     from trit.kernels.cuda import nvrtc
 
-    m, k = x.shape
     per, splits = split_steps(r.k_steps, splits)
     limit = min(MAX_SMEM, mma.max_smem(x.device) - 1024)
     while smem_for(per) > limit and per > 1:
         per, splits = split_steps(r.k_steps, 2 * splits)
     smem = smem_for(per)
     kern = nvrtc.load(source, name, smem=smem)
-    blocks = -(-r.row_tiles // block_tiles)
-    y = torch.empty(m, r.n, dtype=torch.bfloat16, device=x.device)
-    ws, locks = mma.workspace(x.device, m * r.n if splits > 1 else 0, blocks)
-    args = [ctypes.c_void_p(t.data_ptr()) for t in (r.wq, r.sc, x, y, ws, locks)]
-    args += [ctypes.c_int(v) for v in (m, r.n, k, r.k_steps, r.scale_groups, per, splits)]
-    kern.launch((blocks, splits, 1), warps * 32, smem, args)
-    return y
+    return mma.launch(kern, x, r, -(-r.row_tiles // block_tiles), per, splits, 1, warps, smem)
 
 
 def linear(x: torch.Tensor, r: mma.MmaWeights, config: GemvConfig | None = None) -> torch.Tensor:

@@ -314,14 +314,21 @@ def linear(x: torch.Tensor, r: MmaWeights, config: MmaConfig | None = None) -> t
 def run_gemm(kern, x: torch.Tensor, r: MmaWeights, warps: int, rt: int, ki: int, splits: int, slices: int,
              smem: int) -> torch.Tensor:
     """Run a GEMM kernel of this layout (``trit_mma``, ``trit_wgmma``: the same arguments) on contiguous bf16
-    ``x``: the grid of row blocks x K splits x token slices, the split-K workspace and its counters."""
-    import ctypes
-
-    m, k = x.shape
+    ``x``: the grid of row blocks x K splits x token slices (:func:`launch`)."""
     blocks, chunks = grid(r.row_tiles, r.k_steps, warps, rt, ki)
     splits = max(1, min(splits, chunks))
     per_split = -(-chunks // splits)
-    splits = -(-chunks // per_split)
+    return launch(kern, x, r, blocks, per_split, -(-chunks // per_split), slices, warps, smem)
+
+
+def launch(kern, x: torch.Tensor, r: MmaWeights, blocks: int, per_split: int, splits: int, slices: int, warps: int,
+           smem: int) -> torch.Tensor:
+    """Launch any kernel of this layout (they all take the same arguments: ``trit_mma``, ``trit_wgmma``,
+    ``trit_gemv``, ``trit_imma``) on contiguous bf16 ``x``: a grid of row blocks x K splits (``per_split`` steps
+    or chunks each) x token slices, with the split-K workspace and its counters."""
+    import ctypes
+
+    m, k = x.shape
     y = torch.empty(m, r.n, dtype=torch.bfloat16, device=x.device)
     ws, locks = workspace(x.device, m * r.n if splits > 1 else 0, blocks * slices)
     args = [ctypes.c_void_p(t.data_ptr()) for t in (r.wq, r.sc, x, y, ws, locks)]
