@@ -80,19 +80,22 @@ __global__ void __launch_bounds__(NW * 32) trit_imma(const U4* __restrict__ wq, 
         sp[r] = sc + ((long)tile * GP + (GS == 0 ? 0 : s0 * UPS)) * 8 + g;
         row_scale[r] = GS == 0 ? ldg32(sp[r]) : 0u;
     }
-#pragma unroll
-    for (int p = 0; p < ST - 1; ++p) {
-        if (p < nsteps) {
+    // step ``step``'s codes and scales of every row tile into ring slot ``slot``, then a group ends (empty past
+    // the split's end: the waits count one group a step)
+    auto fill_slot = [&](int step, int slot) {
+        if (step < nsteps) {
 #pragma unroll
             for (int r = 0; r < RT; ++r) {
-                cp_async16(ring_w + (p * RT + r) * WSLOT, wp[r] + p * 32, 16);
+                cp_async16(ring_w + (slot * RT + r) * WSLOT, wp[r] + step * 32, 16);
 #pragma unroll
                 for (int u = 0; u < NSC; ++u)
-                    cp_async4(ring_s + ((p * RT + r) * NSC + u) * SSLOT, sp[r] + (p * UPS + u) * 8);
+                    cp_async4(ring_s + ((slot * RT + r) * NSC + u) * SSLOT, sp[r] + (step * UPS + u) * 8);
             }
         }
         cp_async_commit();
-    }
+    };
+#pragma unroll
+    for (int p = 0; p < ST - 1; ++p) fill_slot(p, p);
 
     // 2. Round this block's share of the activations: a warp a (step, token), four inputs a lane, the jobs of the
     // M tokens spread over the warps, QB jobs' loads at once. Tokens past M are left unwritten: an MMA's token
@@ -144,17 +147,7 @@ __global__ void __launch_bounds__(NW * 32) trit_imma(const U4* __restrict__ wq, 
 
     int slot = 0;
     for (int i = 0; i < nsteps; ++i) {
-        const int ahead = i + ST - 1, fill = slot == 0 ? ST - 1 : slot - 1;
-        if (ahead < nsteps) {
-#pragma unroll
-            for (int r = 0; r < RT; ++r) {
-                cp_async16(ring_w + (fill * RT + r) * WSLOT, wp[r] + ahead * 32, 16);
-#pragma unroll
-                for (int u = 0; u < NSC; ++u)
-                    cp_async4(ring_s + ((fill * RT + r) * NSC + u) * SSLOT, sp[r] + (ahead * UPS + u) * 8);
-            }
-        }
-        cp_async_commit();
+        fill_slot(i + ST - 1, slot == 0 ? ST - 1 : slot - 1);  // the slot the step before consumed
         cp_async_wait<ST - 1>();  // this step's group is done (each lane reads only what it copied)
         const u32 rec = base + i * SB;
         U4 wv[RT];
