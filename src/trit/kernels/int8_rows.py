@@ -91,10 +91,15 @@ def linear(x: torch.Tensor, q: torch.Tensor, s: torch.Tensor, bias: torch.Tensor
     return y if bias is None else y + bias
 
 
+# one M for each config the Triton kernel takes by default (trit.kernels.triton.int8_rows.default_config; a test
+# holds the two together)
+WARM_MS = (1, 64, 128)
+
+
 def warm_up(q: torch.Tensor, s: torch.Tensor, dtype: torch.dtype) -> None:
     """On a CUDA device, compile the kernel for each of its token-block configs now, not in a request."""
     if q.is_cuda and dtype in (torch.bfloat16, torch.float16):
-        for m in (1, 64, 128):
+        for m in WARM_MS:
             linear(torch.zeros(m, q.shape[1], dtype=dtype, device=q.device), q, s)
 
 

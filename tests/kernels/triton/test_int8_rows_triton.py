@@ -44,3 +44,8 @@ def test_a_strided_activation_and_no_tokens() -> None:
     ref = int8_rows.reference(x.cpu(), q.cpu(), s.cpu())
     assert ((y.double().cpu() - ref.double()).norm() / ref.double().norm()) < 1e-2
     assert kernel.linear(x[:0], q, s).shape == (0, 70)
+
+
+def test_the_warm_up_compiles_every_default_config() -> None:
+    every = {kernel.default_config(m) for m in range(1, 1025)}
+    assert {kernel.default_config(m) for m in int8_rows.WARM_MS} == every
