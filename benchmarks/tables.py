@@ -28,12 +28,12 @@ with the output of ``NAME``.
 
 from __future__ import annotations
 
-import contextlib
 import json
 import os
 import re
 import sys
 from pathlib import Path
+from unittest import mock
 
 ROOT = Path(__file__).resolve().parents[1]
 RESULTS = Path(__file__).parent / "results"
@@ -416,7 +416,7 @@ def serve_head() -> str:
     for f in sorted((RESULTS / "serve-int8-head").glob("*.json")):
         run = json.loads(f.read_text())
         for sv in run["servers"]:
-            head = run.get("env", {}).get("TRIT_LM_HEAD", "stored") if sv["weights"] == "trit" else "bf16"
+            head = _lm_head(run) if sv["weights"] == "trit" else "bf16"
             for lv in sv["levels"]:
                 lines.append(f"| `{f.name}` | {sv['model']} | {sv['weights']} | {head} | {sv['weights_gib']:.2f} | "
                              f"{sv['kv_cache_tokens']} | {lv['concurrency']} | {lv['output_tokens_per_s']:.0f} | "
@@ -528,21 +528,10 @@ def serve_budget() -> str:
     return "\n".join(lines)
 
 
-@contextlib.contextmanager
-def _env(name: str, value: str | None):
-    """``os.environ[name]`` set to ``value`` (``None``: unset) for the block, as it was after."""
-    before = os.environ.get(name)
-    if value is None:
-        os.environ.pop(name, None)
-    else:
-        os.environ[name] = value
-    try:
-        yield
-    finally:
-        if before is None:
-            os.environ.pop(name, None)
-        else:
-            os.environ[name] = before
+def _lm_head(run: dict) -> str:
+    """The lm_head a ``trit bench serve`` run's trit servers loaded: its recorded ``TRIT_LM_HEAD``, else (unset or
+    empty, as the loader takes it) the checkpoint's, which the benchmark's models leave stored."""
+    return run.get("env", {}).get("TRIT_LM_HEAD") or "stored"
 
 
 def plan_vllm() -> str:
@@ -561,7 +550,7 @@ def plan_vllm() -> str:
              "|---|---|---|---|---|---|---|---|---|---|"]
     for f in sorted(RESULTS.glob("serve*/*.json")):
         run = json.loads(f.read_text())
-        head = run.get("env", {}).get("TRIT_LM_HEAD") or "stored"  # the server's setting, as it loaded the head
+        head = _lm_head(run)
         for sv in run["servers"]:
             if sv["weights"] != "trit" or not sv.get("kv_cache_tokens") or not sv.get("gpu_peak_mib"):
                 continue
@@ -570,7 +559,8 @@ def plan_vllm() -> str:
             config = model_config(sv["model"], "trit")
             if head != "stored":
                 config["quantization_config"]["lm_head"] = head
-            with tempfile.TemporaryDirectory() as d, _env("TRIT_LM_HEAD", None):  # the run's head, not this shell's
+            with tempfile.TemporaryDirectory() as d, mock.patch.dict(os.environ):
+                os.environ.pop("TRIT_LM_HEAD", None)  # the run's head (in the config), not this shell's
                 (Path(d) / "config.json").write_text(json.dumps(config))
                 p = plan(d, PlanOptions(batch=1, max_seq_len=sv["kv_cache_tokens"], kv_cache_dtype=kv,
                                         max_batched_tokens=batched))
