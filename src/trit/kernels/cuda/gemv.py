@@ -84,12 +84,15 @@ def configs_for(r: mma.MmaWeights, sms: int) -> list[GemvConfig]:
         for warps, pf in ((4, 2), (4, 4), (4, 8), (8, 4), (2, 4)):
             if rt == 4 and pf > 4:  # spills registers
                 continue
-            blocks = -(-r.row_tiles // (warps * rt))
-            for splits in (1, 2, 4, 8, 16):
-                if splits > r.k_steps or (splits > 1 and blocks * splits > 16 * sms):
-                    continue
-                out.append(GemvConfig(rt, splits, warps, pf))
+            out += [GemvConfig(rt, splits, warps, pf) for splits in split_choices(r, warps * rt, sms)]
     return out
+
+
+def split_choices(r: mma.MmaWeights, block_tiles: int, sms: int) -> list[int]:
+    """The K splits tuning tries for a few-token kernel whose blocks hold ``block_tiles`` row tiles: 1 to 16, no
+    more than the steps, and (split) at most 16 blocks an SM."""
+    blocks = -(-r.row_tiles // block_tiles)
+    return [s for s in (1, 2, 4, 8, 16) if s <= r.k_steps and (s == 1 or blocks * s <= 16 * sms)]
 
 
 def split_steps(k_steps: int, splits: int) -> tuple[int, int]:

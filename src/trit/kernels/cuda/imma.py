@@ -44,7 +44,7 @@ class ImmaConfig:
     rt: int = 2
     splits: int = 1
     warps: int = 4
-    stages: int = 8
+    stages: int = 4
 
 
 def token_tiles(m: int) -> int:
@@ -73,9 +73,10 @@ def kernel_name(tt: int, cfg: ImmaConfig, group_size: int) -> str:
 
 def heuristic(m: int, row_tiles: int, k_steps: int, sms: int) -> ImmaConfig:
     """The GEMV's shape of grid (two row tiles a warp where that still fills the SMs, K splits to about four
-    blocks an SM), with four stages (what tuning chose on every problem on the H200)."""
+    blocks an SM), four warps and four stages (the defaults; tuning chose four stages on every problem on the
+    H200)."""
     g = gemv.heuristic(min(m, gemv.MAX_M), row_tiles, k_steps, sms)
-    return ImmaConfig(g.rt, g.splits, 4, 4)
+    return ImmaConfig(g.rt, g.splits)
 
 
 def fit_shared_memory(tt: int, cfg: ImmaConfig, group_size: int, limit: int) -> ImmaConfig:
@@ -100,11 +101,7 @@ def configs_for(r: mma.MmaWeights, sms: int) -> list[ImmaConfig]:
     for rt in (1, 2):
         for warps in (4, 8):
             for stages in (4, 8):
-                blocks = -(-r.row_tiles // (warps * rt))
-                for splits in (1, 2, 4, 8, 16):
-                    if splits > r.k_steps or (splits > 1 and blocks * splits > 16 * sms):
-                        continue
-                    out.append(ImmaConfig(rt, splits, warps, stages))
+                out += [ImmaConfig(rt, splits, warps, stages) for splits in gemv.split_choices(r, warps * rt, sms)]
     return out
 
 

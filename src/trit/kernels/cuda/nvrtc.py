@@ -164,8 +164,8 @@ def carveout() -> int | None:
     try:
         out = int(value)
     except ValueError:
-        out = -2
-    if not -1 <= out <= 100:
+        out = None
+    if out is None or not -1 <= out <= 100:
         raise ValueError(f"{CARVEOUT_ENV}={value!r}: expected a percent from 0 to 100, or -1 (the driver's default)")
     return out
 
