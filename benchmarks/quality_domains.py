@@ -43,6 +43,10 @@ VARIANTS = {
     "gptq": ["--method", "gptq"],  # the default recipe: one plane, data-free, act-order, 3 passes, float target
     "gptq-32samples": ["--method", "gptq", "--calib-samples", "32"],  # the default before 128 windows
     "gptq-2planes": ["--method", "gptq", "--planes", "2"],
+    "gptq-rotate": ["--method", "gptq", "--rotate"],  # the residual stream rotated first (trit.quant.rotate)
+    "gptq-no-rotate": ["--method", "gptq", "--no-rotate"],
+    "gptq-2planes-rotate": ["--method", "gptq", "--planes", "2", "--rotate"],
+    "gptq-2planes-no-rotate": ["--method", "gptq", "--planes", "2", "--no-rotate"],
     "gptq-calib-python": ["--method", "gptq", "--calib", "python"],
     "gptq-128samples": ["--method", "gptq", "--calib-samples", "128"],
     "gptq-random-first": ["--method", "gptq", "--calib-first", "random"],

@@ -640,19 +640,14 @@ def domains() -> str:
 # the README's rows: (label, run file, variant), each against the bf16 row of its own run
 HEADLINE_DOMAINS = (
     ("bf16", "quality_domains_h200_variants.json", "bf16"),
-    ("one plane, the default (`trit quantize MODEL OUT`: 128 sampled windows, 64 at a time)",
-     "quality_domains_cpu_batch64.json", "gptq"),
-    ("one plane, 128 windows sampled 8 at a time (`--calib-batch 8`, the earlier default)",
-     "quality_domains_cpu_128samples.json", "gptq-128samples"),
-    ("one plane, 128 windows sampled 8 at a time, on the H200", "quality_domains_h200_calib_starts.json", "gptq"),
-    ("one plane, 32 sampled windows (`--calib-samples 32`, the earlier default)", "quality_domains_cpu_default.json",
+    ("one plane, the default (`trit quantize MODEL OUT`: the residual stream rotated, 128 sampled windows)",
+     "quality_domains_cpu_rotate.json", "gptq-rotate"),
+    ("one plane, not rotated (`--no-rotate`, the default before; same windows)", "quality_domains_cpu_batch64.json",
      "gptq"),
-    ("one plane, 32 windows, on the H200", "quality_domains_h200_variants.json", "gptq-random-first"),
-    ("one plane, 32 windows from BOS alone (`--calib-first bos`)", "quality_domains_h200_bos-first.json", "gptq"),
-    ("two planes, 128 windows sampled 8 at a time (`--planes 2 --calib-batch 8`; the default samples 64 at a time)",
+    ("one plane, not rotated, 128 windows sampled 8 at a time, on the H200", "quality_domains_h200_calib_starts.json",
+     "gptq"),
+    ("two planes, not rotated, 128 windows sampled 8 at a time (`--planes 2 --no-rotate --calib-batch 8`)",
      "quality_domains_cpu_2planes_128samples.json", "gptq-2planes"),
-    ("two planes, 32 windows (`--planes 2 --calib-samples 32`)", "quality_domains_cpu_2planes.json", "gptq-2planes"),
-    ("two planes, 32 windows from BOS alone", "quality_domains_h200_bos-first.json", "gptq-2planes"),
 )
 DOMAIN_HEAD = ("geo. mean (x bf16)", "bits a weight")
 

@@ -68,6 +68,7 @@ class GPTQConfig:
     act_order: bool = GptqOptions.act_order
     passes: int = GptqOptions.passes
     float_target: bool | None = GptqOptions.float_target
+    rotate: bool = True  # the residual stream rotated first (trit.quant.rotate); a tied lm_head becomes its own
     device: str = "cpu"
 
 
@@ -97,7 +98,7 @@ def convert_options(config: QuantConfig, layout: Layout = Layout(), overwrite: b
         return ConvertOptions(method=Method.GPTQ, planes=config.planes, device=config.device,
                               calib=CalibOptions(config.calib, config.calib_samples, config.calib_seq_len),
                               act_order=config.act_order, damp=config.damp, passes=config.passes,
-                              float_target=config.float_target, **common)
+                              float_target=config.float_target, rotate=config.rotate, **common)
     raise AssertionError(config)  # unreachable
 
 

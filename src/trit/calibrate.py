@@ -220,10 +220,11 @@ def _write_samples(path: Path, ids: torch.Tensor) -> None:
 
 
 class _LayerLoader:
-    """Loads one module's float tensors from the checkpoint onto the device, and drops them again."""
+    """Loads one module's float tensors from the checkpoint onto the device (through ``rotate``: name and
+    source tensor to the rotated model's tensors, if given), and drops them again."""
 
-    def __init__(self, ckpt: Checkpoint, stack: ExitStack, device: str):
-        self.ckpt, self.device = ckpt, device
+    def __init__(self, ckpt: Checkpoint, stack: ExitStack, device: str, rotate=None):
+        self.ckpt, self.device, self.rotate = ckpt, device, rotate
         self.files = ckpt.open_all(stack)
 
     def load(self, model: nn.Module, prefix: str) -> nn.Module:
@@ -235,21 +236,25 @@ class _LayerLoader:
             info = self.ckpt.tensors.get(full)
             if info is None:
                 raise fmt.FormatError(full, "a tensor in the checkpoint", "none")
-            state[name] = self.files[info.shard].get_tensor(full).float()
+            tensor = self.files[info.shard].get_tensor(full).float()
+            state[name] = self.rotate(full, tensor)[full] if self.rotate is not None else tensor
         module.load_state_dict(state)
         return module
 
 
 def gptq_model(
     ckpt: Checkpoint, quantized: set[str], gopts: GptqOptions, calib: CalibOptions, device: str = "cpu",
-    progress: bool = True,
+    progress: bool = True, rotate=None,
 ) -> dict[str, tuple[torch.Tensor, torch.Tensor]]:
-    """GPTQ every module in ``quantized``: ``{module: (codes (P, N, K_pad) int8, scales (P, N, G) f32)}``."""
+    """GPTQ every module in ``quantized``: ``{module: (codes (P, N, K_pad) int8, scales (P, N, G) f32)}``.
+
+    ``rotate`` (``(name, source tensor) -> {name: tensor}``, :func:`trit.convert.rotation_fn`): quantize the
+    model those tensors make (the sampled calibration windows are the source's: the same function)."""
     ids = calibration_ids(ckpt, calib, device, progress)  # (S, T)
     model = meta_model(ckpt, torch.float32)
     results: dict[str, tuple[torch.Tensor, torch.Tensor]] = {}
     with ExitStack() as stack, torch.inference_mode():
-        loader = _LayerLoader(ckpt, stack, device)
+        loader = _LayerLoader(ckpt, stack, device, rotate)
         embed = loader.load(model, "model.embed_tokens")
         rotary = type(model.model.rotary_emb)(model.config).to(device)
         hidden = [embed(ids[i:i + calib.batch].to(device)) for i in range(0, ids.shape[0], calib.batch)]

@@ -42,7 +42,8 @@ def quantize_w4a8_cli(args: argparse.Namespace) -> int:
     ternary_only = [flag for flag, used in (("--planes", args.planes != 1), ("--keep", bool(args.keep)),
                                             ("--lm-head", args.lm_head != "stored"),
                                             ("--method", args.method != Method.GPTQ.value),
-                                            ("--float-target", args.float_target is not None)) if used]
+                                            ("--float-target", args.float_target is not None),
+                                            ("--rotate", bool(args.rotate))) if used]
     if ternary_only:
         raise OptionError(f"{', '.join(ternary_only)}: ternary only; --scheme w4a8 is GPTQ on every decoder linear")
     opts = W4A8Options(parse_group_size(args.group_size), args.tensor_parallel_size,
@@ -84,6 +85,7 @@ def convert_options(args: argparse.Namespace) -> ConvertOptions:
         calib=calib_options(args),  # a file or a corpus name
         act_order=args.act_order, damp=args.damp, float_target=args.float_target,
         passes=ConvertOptions.passes if args.passes is None else args.passes,
+        rotate=args.rotate,
     )
 
 
@@ -224,6 +226,10 @@ def _quantize_parser(sub) -> None:
                    help="ternary: the output layer when the model is served: as stored, or int8 rows (one scale a "
                         "row, rounded when loaded; half the bytes a decode step reads there); TRIT_LM_HEAD overrides "
                         "it at load time")
+    q.add_argument("--rotate", action=argparse.BooleanOptionalAction, default=None,
+                   help="ternary: rotate the residual stream and each value head before rounding (the same model, "
+                        "weights without outlier channels; Llama, Mistral, Qwen2, Qwen3). A model with tied "
+                        "embeddings gets an lm_head of its own (default: on for gptq, off for absmean and twn)")
     q.add_argument("--pad", choices=[x.value for x in fmt.PadPolicy], default=d.pad_policy.value,
                    help="ternary: layers whose K is not a multiple of the group: pad with zeros, or keep them")
     q.add_argument("--scale-dtype", choices=[x.value for x in fmt.ScaleDtype], default=d.scale_dtype.value,

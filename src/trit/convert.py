@@ -13,6 +13,7 @@ from __future__ import annotations
 import fnmatch
 import time
 from collections.abc import Callable
+from contextlib import ExitStack
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -31,8 +32,10 @@ from trit.errors import ConvertError
 from trit.quant import Method, quantize
 from trit.quant.gptq import GptqOptions
 from trit.quant.planes import quantize_planes
+from trit.quant.rotate import ROTATABLE_MODEL_TYPES, Rotation, make_rotation, rotate_tensor, rotated_config
 
 ALWAYS_KEPT = ("model.embed_tokens", "lm_head")
+ROTATION_SEED = 0  # --rotate's random signs and orthogonal factor (recorded in quantization_config.rotation)
 
 
 @dataclass(frozen=True)
@@ -52,6 +55,14 @@ class ConvertOptions:
     damp: float = GptqOptions.damp
     passes: int = GptqOptions.passes
     float_target: bool | None = GptqOptions.float_target
+    # rotate the residual stream (and each value head) before quantizing: the same function, incoherent weights
+    # (trit.quant.rotate); a tied lm_head becomes the model's own. None: for gptq (measured better there across
+    # domains, one plane and two: docs/quantization.md), not for the data-free rules
+    rotate: bool | None = None
+
+    @property
+    def rotates(self) -> bool:
+        return self.rotate if self.rotate is not None else Method(self.method) is Method.GPTQ
 
     def gptq(self) -> GptqOptions:
         return GptqOptions(self.group_size, self.planes, self.damp, self.act_order, passes=self.passes,
@@ -163,6 +174,45 @@ def _output_bytes(ckpt: Checkpoint, plan: dict[str, LayerReport], opts: ConvertO
     return total
 
 
+def _rotation(ckpt: Checkpoint, opts: ConvertOptions) -> Rotation | None:
+    """The rotation ``opts`` asks for, or None. Asked for by name (``rotate=True``), a model whose layers it does
+    not know is refused; by default such a model is quantized as it stands."""
+    if not opts.rotates:
+        return None
+    model_type = ckpt.config.get("text_config", ckpt.config).get("model_type", ckpt.config.get("model_type"))
+    if model_type not in ROTATABLE_MODEL_TYPES:
+        if opts.rotate is None:  # the default: such a model is quantized as it stands
+            return None
+        raise ConvertError(f"--rotate: {ckpt.path} is model_type {model_type!r}; the rotation knows the layers of "
+                           f"{', '.join(ROTATABLE_MODEL_TYPES)} only (--no-rotate quantizes it as it stands)")
+    return make_rotation(ckpt.config, tied="lm_head.weight" not in ckpt.tensors, seed=ROTATION_SEED)
+
+
+TensorMap = Callable[[str, torch.Tensor], dict[str, torch.Tensor]]
+
+
+def rotation_fn(ckpt: Checkpoint, rotation: Rotation | None, stack: ExitStack) -> TensorMap:
+    """``(name, source tensor) -> {name: tensor}``: the rotated tensors (norm weights read from the source,
+    whose shards stay open in ``stack``), or the tensor as it is without a rotation."""
+    if rotation is None:
+        return lambda name, tensor: {name: tensor}
+    files = ckpt.open_all(stack)
+
+    def norm(name: str) -> torch.Tensor:
+        info = ckpt.tensors.get(name)
+        if info is None:
+            raise CheckpointError(ckpt.path, f"--rotate: tensor {name!r} is missing (a norm the rotation folds)")
+        return files[info.shard].get_tensor(name)
+
+    return lambda name, tensor: rotate_tensor(rotation, name, tensor, norm)
+
+
+def _tied_head_bytes(ckpt: Checkpoint) -> int:
+    """The bytes of the lm_head a rotation writes for a tied model (the embeddings' size), else 0."""
+    info = ckpt.tensors.get("model.embed_tokens.weight")
+    return info.nbytes if info is not None and "lm_head.weight" not in ckpt.tensors else 0
+
+
 def _trit_config(opts: ConvertOptions, plan: dict[str, LayerReport]) -> fmt.TritConfig:
     kept = sorted(m for m, r in plan.items() if r.action == "kept")
     return fmt.TritConfig(
@@ -173,6 +223,7 @@ def _trit_config(opts: ConvertOptions, plan: dict[str, LayerReport]) -> fmt.Trit
         planes=opts.planes,
         modules_not_converted=ALWAYS_KEPT + tuple(kept),
         lm_head=opts.lm_head,
+        extra={"rotation": {"seed": ROTATION_SEED}} if opts.rotates else {},
     )
 
 
@@ -197,23 +248,36 @@ def convert(
     report = ConvertReport(out)
     start = time.perf_counter()
     log(f"quantizing {src} -> {out}: {Method(opts.method).value}, group {opts.group_size}, {opts.planes} plane(s)")
+    rotation = _rotation(ckpt, opts)
     precomputed: dict[str, tuple[torch.Tensor, torch.Tensor]] = {}
-    if Method(opts.method) is Method.GPTQ:
-        from trit.calibrate import gptq_model
+    with ExitStack() as stack:
+        rotate = rotation_fn(ckpt, rotation, stack)
+        if Method(opts.method) is Method.GPTQ:
+            from trit.calibrate import gptq_model
 
-        check_all_finite(ckpt, progress)  # seconds, before minutes of calibration
-        todo = {m for m, r in plan.items() if r.action != "kept"}
-        precomputed = gptq_model(ckpt, todo, opts.gptq(), opts.calib, opts.device, progress)
+            check_all_finite(ckpt, progress)  # seconds, before minutes of calibration
+            todo = {m for m, r in plan.items() if r.action != "kept"}
+            precomputed = gptq_model(ckpt, todo, opts.gptq(), opts.calib, opts.device, progress, rotate)
 
-    def transform(name: str, tensor: torch.Tensor) -> dict[str, torch.Tensor]:
-        module, leaf = name.rsplit(".", 1)
-        layer = plan.get(module)
-        if leaf == "weight" and layer is not None and layer.action != "kept":
-            return _quantize_layer(module, tensor, opts, report, precomputed)
-        return {name: tensor.contiguous()}
+        def quantized(name: str) -> bool:
+            module, leaf = name.rsplit(".", 1)
+            return leaf == "weight" and module in plan and plan[module].action != "kept"
 
-    config = dict(ckpt.config, quantization_config=_trit_config(opts, plan).to_dict())
-    write_checkpoint(ckpt, out, transform, config, progress, needed=_output_bytes(ckpt, plan, opts))
+        def transform(name: str, tensor: torch.Tensor) -> dict[str, torch.Tensor]:
+            out = {}
+            # a weight to be made ternary is rotated in float32; kept tensors keep the source's dtype
+            for n, t in rotate(name, tensor.float() if quantized(name) else tensor).items():
+                if quantized(n):
+                    out |= _quantize_layer(n.rsplit(".", 1)[0], t, opts, report, precomputed)
+                else:
+                    out[n] = t.contiguous()
+            return out
+
+        config = dict(ckpt.config, quantization_config=_trit_config(opts, plan).to_dict())
+        if rotation is not None:
+            config = rotated_config(config)
+        needed = _output_bytes(ckpt, plan, opts) + (_tied_head_bytes(ckpt) if rotation is not None else 0)
+        write_checkpoint(ckpt, out, transform, config, progress, needed=needed)
     report.layers = sorted(plan.values(), key=lambda r: r.name)
     report.seconds = time.perf_counter() - start
     return report
