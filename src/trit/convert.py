@@ -179,7 +179,7 @@ def _rotation(ckpt: Checkpoint, opts: ConvertOptions) -> Rotation | None:
     not know is refused; by default such a model is quantized as it stands."""
     if not opts.rotates:
         return None
-    model_type = ckpt.config.get("text_config", ckpt.config).get("model_type", ckpt.config.get("model_type"))
+    model_type = ckpt.config.get("model_type")  # what check_architecture read
     if model_type not in ROTATABLE_MODEL_TYPES:
         if opts.rotate is None:  # the default: such a model is quantized as it stands
             return None
@@ -213,7 +213,7 @@ def _tied_head_bytes(ckpt: Checkpoint) -> int:
     return info.nbytes if info is not None and "lm_head.weight" not in ckpt.tensors else 0
 
 
-def _trit_config(opts: ConvertOptions, plan: dict[str, LayerReport]) -> fmt.TritConfig:
+def _trit_config(opts: ConvertOptions, plan: dict[str, LayerReport], rotated: bool) -> fmt.TritConfig:
     kept = sorted(m for m, r in plan.items() if r.action == "kept")
     return fmt.TritConfig(
         group_size=opts.group_size,
@@ -223,7 +223,7 @@ def _trit_config(opts: ConvertOptions, plan: dict[str, LayerReport]) -> fmt.Trit
         planes=opts.planes,
         modules_not_converted=ALWAYS_KEPT + tuple(kept),
         lm_head=opts.lm_head,
-        extra={"rotation": {"seed": ROTATION_SEED}} if opts.rotates else {},
+        extra={"rotation": {"seed": ROTATION_SEED}} if rotated else {},
     )
 
 
@@ -264,6 +264,8 @@ def convert(
             return leaf == "weight" and module in plan and plan[module].action != "kept"
 
         def transform(name: str, tensor: torch.Tensor) -> dict[str, torch.Tensor]:
+            if quantized(name) and name.rsplit(".", 1)[0] in precomputed:  # GPTQ rotated it already: no second pass
+                return _quantize_layer(name.rsplit(".", 1)[0], tensor, opts, report, precomputed)
             out = {}
             # a weight to be made ternary is rotated in float32; kept tensors keep the source's dtype
             for n, t in rotate(name, tensor.float() if quantized(name) else tensor).items():
@@ -273,7 +275,7 @@ def convert(
                     out[n] = t.contiguous()
             return out
 
-        config = dict(ckpt.config, quantization_config=_trit_config(opts, plan).to_dict())
+        config = dict(ckpt.config, quantization_config=_trit_config(opts, plan, rotation is not None).to_dict())
         if rotation is not None:
             config = rotated_config(config)
         needed = _output_bytes(ckpt, plan, opts) + (_tied_head_bytes(ckpt) if rotation is not None else 0)
