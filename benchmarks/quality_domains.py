@@ -40,7 +40,8 @@ CORPORA = ("wikitext2", "gsm8k", "python")
 VARIANTS = {
     "bf16": None,
     "absmean": ["--method", "absmean"],
-    "gptq": ["--method", "gptq"],  # the default recipe: one plane, data-free, act-order, 3 passes, float target
+    # the default recipe: one plane, residual stream rotated first, data-free, act-order, 3 passes, float target
+    "gptq": ["--method", "gptq"],
     "gptq-32samples": ["--method", "gptq", "--calib-samples", "32"],  # the default before 128 windows
     "gptq-2planes": ["--method", "gptq", "--planes", "2"],
     "gptq-rotate": ["--method", "gptq", "--rotate"],  # the residual stream rotated first (trit.quant.rotate)
@@ -60,6 +61,7 @@ VARIANTS = {
 # --heal-no-grad-checkpointing add theirs; the flags go through trit heal's own parser
 HEALED = {
     "healed": ("gptq", []),
+    "healed-no-rotate": ("gptq-no-rotate", []),
 }
 
 

@@ -639,15 +639,17 @@ def domains() -> str:
 
 # the README's rows: (label, run file, variant), each against the bf16 row of its own run
 HEADLINE_DOMAINS = (
-    ("bf16", "quality_domains_h200_variants.json", "bf16"),
-    ("one plane, the default (`trit quantize MODEL OUT`: the residual stream rotated, 128 sampled windows)",
-     "quality_domains_cpu_rotate.json", "gptq-rotate"),
-    ("one plane, not rotated (`--no-rotate`, the default before; same windows)", "quality_domains_cpu_batch64.json",
-     "gptq"),
-    ("one plane, not rotated, 128 windows sampled 8 at a time, on the H200", "quality_domains_h200_calib_starts.json",
-     "gptq"),
-    ("two planes, not rotated, 128 windows sampled 8 at a time (`--planes 2 --no-rotate --calib-batch 8`)",
+    ("bf16", "quality_domains_h200_rotate.json", "bf16"),
+    ("one plane, the default (`trit quantize MODEL OUT`: the residual stream rotated, 128 sampled windows), H200",
+     "quality_domains_h200_rotate.json", "gptq"),
+    ("one plane, the default, on the CPU", "quality_domains_cpu_rotate.json", "gptq-rotate"),
+    ("one plane, not rotated (`--no-rotate`, the default before; the CPU run's windows)",
+     "quality_domains_cpu_batch64.json", "gptq"),
+    ("two planes, rotated (`--planes 2`), H200", "quality_domains_h200_rotate.json", "gptq-2planes-rotate"),
+    ("two planes, not rotated (`--planes 2 --no-rotate --calib-batch 8`)",
      "quality_domains_cpu_2planes_128samples.json", "gptq-2planes"),
+    ("one plane healed, data-free (`trit heal OUT HEALED --teacher MODEL`, from the default), H200",
+     "quality_domains_h200_rotate.json", "healed"),
 )
 DOMAIN_HEAD = ("geo. mean (x bf16)", "bits a weight")
 
@@ -700,8 +702,8 @@ def _domains_run(path: Path) -> str:
                          f"(first {g['limit']}, 5-shot)")
         lines.append("| " + " | ".join(cells) + " |")
     commands = "".join(f"{r['variant']}: `{r['command']}`; " for r in d["rows"] if r.get("command"))
-    asked = re.search(r"--variants (\S+)", d["command"])
-    missing = [v for v in (asked.group(1).split(",") if asked else []) if v not in {r["variant"] for r in d["rows"]}]
+    asked = [v for a in re.findall(r"--variants (\S+)", d["command"]) for v in a.split(",")]
+    missing = [v for v in asked if v not in {r["variant"] for r in d["rows"]}]
     if missing:
         commands += f"not finished in this run (no row): {', '.join(missing)}; "
     lines += ["", (f"{d['note']} " if d.get("note") else "") +
