@@ -34,15 +34,3 @@ def test_precompile_fills_the_cache_once_for_each_kernel(monkeypatch: pytest.Mon
     path.with_suffix(".name").unlink()  # a cubin without its lowered name is compiled again
     nvrtc.precompile("source", ["k<2>"], ("-DX",), arch_suffix="a")
     assert calls[-1] == ("k<2>", "sm_90a", ("-DX",)) and len(calls) == 3
-
-
-def test_the_carve_out_setting_is_read_and_checked(monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.delenv(nvrtc.CARVEOUT_ENV, raising=False)
-    assert nvrtc.carveout() is None  # unset: nothing is asked of the driver
-    for value, want in (("100", 100), (" 0 ", 0), ("-1", -1)):
-        monkeypatch.setenv(nvrtc.CARVEOUT_ENV, value)
-        assert nvrtc.carveout() == want
-    for bad in ("101", "-2", "half", "50%"):
-        monkeypatch.setenv(nvrtc.CARVEOUT_ENV, bad)
-        with pytest.raises(ValueError, match="TRIT_CUDA_CARVEOUT=.*0 to 100"):
-            nvrtc.carveout()

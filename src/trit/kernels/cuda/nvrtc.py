@@ -149,27 +149,6 @@ class Kernel:
 
 _LOADED: dict[tuple[str, str, str, tuple[str, ...], int], Kernel] = {}
 
-CARVEOUT_ENV = "TRIT_CUDA_CARVEOUT"
-_CU_FUNC_ATTRIBUTE_PREFERRED_SHARED_MEMORY_CARVEOUT = 9
-
-
-def carveout() -> int | None:
-    """``TRIT_CUDA_CARVEOUT``: the share of an SM's L1/shared memory (percent, 0 to 100, or -1 for the driver's
-    default) that trit's CUDA kernels ask to be shared memory; unset, nothing is asked. A served decode step
-    runs trit's kernels (little shared memory) between attention and cuBLAS kernels (much); the SM reconfigures
-    when consecutive kernels want different splits, which this setting lets a run line up."""
-    value = os.environ.get(CARVEOUT_ENV, "").strip()
-    if not value:
-        return None
-    try:
-        out = int(value)
-    except ValueError:
-        out = None
-    if out is None or not -1 <= out <= 100:
-        raise ValueError(f"{CARVEOUT_ENV}={value!r}: expected a percent from 0 to 100, or -1 (the driver's default)")
-    return out
-
-
 def _arch(arch_suffix: str = "") -> str:
     import torch
 
@@ -237,9 +216,5 @@ def load(source: str, name: str, options: tuple[str, ...] = (), smem: int = 0, a
     _cu_check(driver().cuModuleGetFunction(ctypes.byref(func), module, lowered.encode()), f"lookup of {name}")
     kern = Kernel(name, module, func)
     kern.allow_smem(smem)
-    share = carveout()
-    if share is not None:
-        _cu_check(driver().cuFuncSetAttribute(func, _CU_FUNC_ATTRIBUTE_PREFERRED_SHARED_MEMORY_CARVEOUT, share),
-                  f"shared-memory carve-out of {name}")
     _LOADED[key] = kern
     return kern
