@@ -38,6 +38,43 @@ def test_checkpoint_holds_int4_codes_scales_and_the_scheme(tiny_w4a8: Path) -> N
         assert torch.equal(tensors[kept], src[kept])
 
 
+def test_rotate_writes_the_rotated_model_in_w4a8(tmp_path: Path) -> None:
+    """``--scheme w4a8 --rotate``: GPTQ rounds the rotated weights, the tied model gets the rotated lm_head the
+    library computes and norms of ones, the source stays as it was, and the runtime's model tracks the float one
+    (the rotation changes nothing in float)."""
+    from trit.quant.rotate import make_rotation, rotate_tensor
+
+    src = make_tiny_model(tmp_path / "float", tie=True, hidden=128, intermediate=256, heads=2, kv_heads=1)
+    before = digest(src)
+    out = tmp_path / "w4a8"
+    trit("quantize", src, out, "--scheme", "w4a8", "--group-size", "64", "--rotate", "--calib-samples", "8",
+         "--calib-seq-len", "64", "--no-calib-cache", "--quiet")
+    assert digest(src) == before
+    config = json.loads((out / "config.json").read_text())
+    assert config["tie_word_embeddings"] is False and compressed.is_w4a8(config["quantization_config"])
+    tensors, source = load_file(out / "model.safetensors"), load_file(src / "model.safetensors")
+    rot = make_rotation(json.loads((src / "config.json").read_text()), tied=True, seed=0)
+    head = rotate_tensor(rot, "model.embed_tokens.weight", source["model.embed_tokens.weight"], source.__getitem__)
+    assert torch.equal(tensors["lm_head.weight"], head["lm_head.weight"])
+    assert torch.equal(tensors["model.norm.weight"], torch.ones_like(source["model.norm.weight"]))
+    for layer in range(2):
+        for name in LINEARS:
+            key = f"model.layers.{layer}.{name}"
+            w, s = tensors[f"{key}.weight"].float(), tensors[f"{key}.weight_scale"].float()
+            n, k = w.shape
+            deq = (w.reshape(n, -1, 64) * s[..., None]).reshape(n, k)
+            f = source[f"{key}.weight"].float()
+            rotated = rotate_tensor(rot, f"{key}.weight", f, source.__getitem__)[f"{key}.weight"]
+            assert (deq - rotated).norm() < 0.4 * rotated.norm()  # the codes are the rotated weight's
+            assert (deq - f).norm() > 0.8 * f.norm()  # not the source's
+    ids = torch.randint(3, 60, (1, 48), generator=torch.Generator().manual_seed(0))
+    with torch.no_grad():
+        ref = runtime.load(src, device="cpu").model(ids).logits
+        got = runtime.load(out, device="cpu").model(ids).logits
+    err = float((ref - got).norm() / ref.norm())
+    assert 0 < err < 0.5, err
+
+
 def test_runtime_layers_compute_the_int8_per_token_reference(tiny_w4a8: Path) -> None:
     loaded = runtime.load(tiny_w4a8, device="cpu", dtype=torch.float32)
     lin = loaded.model.model.layers[0].mlp.down_proj

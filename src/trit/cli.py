@@ -42,13 +42,13 @@ def quantize_w4a8_cli(args: argparse.Namespace) -> int:
     ternary_only = [flag for flag, used in (("--planes", args.planes != 1), ("--keep", bool(args.keep)),
                                             ("--lm-head", args.lm_head != "stored"),
                                             ("--method", args.method != Method.GPTQ.value),
-                                            ("--float-target", args.float_target is not None),
-                                            ("--rotate", bool(args.rotate))) if used]
+                                            ("--float-target", args.float_target is not None)) if used]
     if ternary_only:
         raise OptionError(f"{', '.join(ternary_only)}: ternary only; --scheme w4a8 is GPTQ on every decoder linear")
     opts = W4A8Options(parse_group_size(args.group_size), args.tensor_parallel_size,
                        calib_options(args), args.act_order, args.damp,
-                       W4A8Options.passes if args.passes is None else args.passes, args.device, args.overwrite)
+                       W4A8Options.passes if args.passes is None else args.passes, args.device, args.overwrite,
+                       rotate=args.rotate)
     print(quantize_w4a8(args.model_dir, args.out_dir, opts, progress=not args.quiet).summary())
     return 0
 
@@ -227,9 +227,10 @@ def _quantize_parser(sub) -> None:
                         "row, rounded when loaded; half the bytes a decode step reads there); TRIT_LM_HEAD overrides "
                         "it at load time")
     q.add_argument("--rotate", action=argparse.BooleanOptionalAction, default=None,
-                   help="ternary: rotate the residual stream and each value head before rounding (the same model, "
-                        "weights without outlier channels; Llama, Mistral, Qwen2, Qwen3). A model with tied "
-                        "embeddings gets an lm_head of its own (default: on for gptq, off for absmean and twn)")
+                   help="rotate the residual stream and each value head before rounding (the same model, "
+                        "weights and activations without outlier channels; Llama, Mistral, Qwen2, Qwen3). A model "
+                        "with tied embeddings gets an lm_head of its own (default: on for gptq, off for absmean, "
+                        "twn and --scheme w4a8)")
     q.add_argument("--pad", choices=[x.value for x in fmt.PadPolicy], default=d.pad_policy.value,
                    help="ternary: layers whose K is not a multiple of the group: pad with zeros, or keep them")
     q.add_argument("--scale-dtype", choices=[x.value for x in fmt.ScaleDtype], default=d.scale_dtype.value,

@@ -174,14 +174,15 @@ def _output_bytes(ckpt: Checkpoint, plan: dict[str, LayerReport], opts: ConvertO
     return total
 
 
-def _rotation(ckpt: Checkpoint, opts: ConvertOptions) -> Rotation | None:
-    """The rotation ``opts`` asks for, or None. Asked for by name (``rotate=True``), a model whose layers it does
-    not know is refused; by default such a model is quantized as it stands."""
-    if not opts.rotates:
+def choose_rotation(ckpt: Checkpoint, asked: bool | None, wanted: bool) -> Rotation | None:
+    """The rotation to apply, or None: ``wanted`` is the option's answer (``asked``, the flag as given, or the
+    scheme's default when None). Asked for by name (``asked=True``), a model whose layers it does not know is
+    refused; by default such a model is quantized as it stands."""
+    if not wanted:
         return None
     model_type = ckpt.config.get("model_type")  # what check_architecture read
     if model_type not in ROTATABLE_MODEL_TYPES:
-        if opts.rotate is None:  # the default: such a model is quantized as it stands
+        if asked is None:  # the default: such a model is quantized as it stands
             return None
         raise ConvertError(f"--rotate: {ckpt.path} is model_type {model_type!r}; the rotation knows the layers of "
                            f"{', '.join(ROTATABLE_MODEL_TYPES)} only (--no-rotate quantizes it as it stands)")
@@ -207,7 +208,7 @@ def rotation_fn(ckpt: Checkpoint, rotation: Rotation | None, stack: ExitStack) -
     return lambda name, tensor: rotate_tensor(rotation, name, tensor, norm)
 
 
-def _tied_head_bytes(ckpt: Checkpoint) -> int:
+def tied_head_bytes(ckpt: Checkpoint) -> int:
     """The bytes of the lm_head a rotation writes for a tied model (the embeddings' size), else 0."""
     info = ckpt.tensors.get("model.embed_tokens.weight")
     return info.nbytes if info is not None and "lm_head.weight" not in ckpt.tensors else 0
@@ -248,7 +249,7 @@ def convert(
     report = ConvertReport(out)
     start = time.perf_counter()
     log(f"quantizing {src} -> {out}: {Method(opts.method).value}, group {opts.group_size}, {opts.planes} plane(s)")
-    rotation = _rotation(ckpt, opts)
+    rotation = choose_rotation(ckpt, opts.rotate, opts.rotates)
     precomputed: dict[str, tuple[torch.Tensor, torch.Tensor]] = {}
     with ExitStack() as stack:
         rotate = rotation_fn(ckpt, rotation, stack)
@@ -278,7 +279,7 @@ def convert(
         config = dict(ckpt.config, quantization_config=_trit_config(opts, plan, rotation is not None).to_dict())
         if rotation is not None:
             config = rotated_config(config)
-        needed = _output_bytes(ckpt, plan, opts) + (_tied_head_bytes(ckpt) if rotation is not None else 0)
+        needed = _output_bytes(ckpt, plan, opts) + (tied_head_bytes(ckpt) if rotation is not None else 0)
         write_checkpoint(ckpt, out, transform, config, progress, needed=needed)
     report.layers = sorted(plan.values(), key=lambda r: r.name)
     report.seconds = time.perf_counter() - start

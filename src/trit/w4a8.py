@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import time
 from collections.abc import Callable
+from contextlib import ExitStack
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -30,8 +31,10 @@ from trit.checkpoint import (
     check_all_finite,
     write_checkpoint,
 )
+from trit.convert import choose_rotation, rotation_fn, tied_head_bytes
 from trit.errors import ConvertError
 from trit.quant.gptq import GptqOptions
+from trit.quant.rotate import rotated_config
 
 BITS = 4
 
@@ -46,6 +49,9 @@ class W4A8Options:
     passes: int = 1  # with more, each later pass rounds onto the least-squares scales of the one before
     device: str = "cpu"
     overwrite: bool = False
+    # rotate the residual stream (and each value head) first, as ternary's --rotate: the same function, and
+    # activations whose outliers are spread over every channel before their per-token int8 scale. None: off
+    rotate: bool | None = None
 
     def gptq(self) -> GptqOptions:
         group = fmt.PER_ROW if self.group_size == compressed.CHANNEL else self.group_size
@@ -62,6 +68,7 @@ class W4A8Report:
     seconds: float = 0.0
     group_size: int = 64
     kept: list[str] = field(default_factory=list)
+    rotated: bool = False
 
     @property
     def bits_per_weight(self) -> float:
@@ -73,7 +80,8 @@ class W4A8Report:
                 f"  W4A8 ({group}) layers: {self.layers}, int4 weights: {self.weights:,}: "
                 f"{self.bits_per_weight:.3f} bits per weight including scales (the file stores the codes one per "
                 f"int8, as compressed-tensors' int-quantized format does)\n"
-                f"  kept in high precision: {', '.join(self.kept)}")
+                f"  kept in high precision: {', '.join(self.kept)}"
+                + ("\n  the residual stream and each value head rotated first (--rotate)" if self.rotated else ""))
 
 
 def scale_dtype(config: dict) -> torch.dtype:
@@ -106,27 +114,34 @@ def quantize_w4a8(
                                      if n.endswith(".weight") and len(i.shape) == 2} - set(shapes)))
     start = time.perf_counter()
     check_all_finite(ckpt, progress)
-    results = gptq_model(ckpt, set(shapes), opts.gptq(), opts.calib, opts.device, progress)
+    rotation = choose_rotation(ckpt, opts.rotate, bool(opts.rotate))
     dtype = scale_dtype(ckpt.config)
+    with ExitStack() as stack:
+        rotate = rotation_fn(ckpt, rotation, stack)
+        results = gptq_model(ckpt, set(shapes), opts.gptq(), opts.calib, opts.device, progress, rotate)
 
-    def transform(name: str, tensor: torch.Tensor) -> dict[str, torch.Tensor]:
-        module, leaf = name.rsplit(".", 1)
-        if leaf != "weight" or module not in results:
-            return {name: tensor.contiguous()}
-        codes, scales = results.pop(module)  # (1, N, K) int8 in -8..7, (1, N, G) float32
-        lo, hi = -(2 ** (BITS - 1)), 2 ** (BITS - 1) - 1
-        assert lo <= int(codes.min()) and int(codes.max()) <= hi, f"{module}: codes outside the int4 range"
-        scale = scales[0].to(dtype)
-        report.layers += 1
-        report.weights += codes[0].numel()
-        report.stored_bytes += codes[0].numel() // 2 + scale.numel() * scale.element_size()
-        return {name: codes[0].contiguous(), f"{module}.weight_scale": scale.contiguous()}
+        def transform(name: str, tensor: torch.Tensor) -> dict[str, torch.Tensor]:
+            module, leaf = name.rsplit(".", 1)
+            if leaf != "weight" or module not in results:  # GPTQ saw each quantized weight rotated already
+                return {n: t.contiguous() for n, t in rotate(name, tensor).items()}
+            codes, scales = results.pop(module)  # (1, N, K) int8 in -8..7, (1, N, G) float32
+            lo, hi = -(2 ** (BITS - 1)), 2 ** (BITS - 1) - 1
+            assert lo <= int(codes.min()) and int(codes.max()) <= hi, f"{module}: codes outside the int4 range"
+            scale = scales[0].to(dtype)
+            report.layers += 1
+            report.weights += codes[0].numel()
+            report.stored_bytes += codes[0].numel() // 2 + scale.numel() * scale.element_size()
+            return {name: codes[0].contiguous(), f"{module}.weight_scale": scale.contiguous()}
 
-    scheme = compressed.W4A8Scheme(opts.group_size)
-    config = dict(ckpt.config, quantization_config=scheme.to_dict())
-    needed = sum(i.nbytes for n, i in ckpt.tensors.items() if n.removesuffix(".weight") not in shapes)
-    needed += sum(n * k + n * scheme.groups(k) * dtype.itemsize for n, k in shapes.values())
-    write_checkpoint(ckpt, out, transform, config, progress, desc="w4a8", needed=needed)
+        scheme = compressed.W4A8Scheme(opts.group_size)
+        config = dict(ckpt.config, quantization_config=scheme.to_dict())
+        if rotation is not None:  # a tied lm_head becomes the model's own
+            config = rotated_config(config)
+            report.rotated = True
+        needed = sum(i.nbytes for n, i in ckpt.tensors.items() if n.removesuffix(".weight") not in shapes)
+        needed += sum(n * k + n * scheme.groups(k) * dtype.itemsize for n, k in shapes.values())
+        needed += tied_head_bytes(ckpt) if rotation is not None else 0
+        write_checkpoint(ckpt, out, transform, config, progress, desc="w4a8", needed=needed)
     report.seconds = time.perf_counter() - start
     return report
 

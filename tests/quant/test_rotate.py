@@ -117,12 +117,6 @@ def test_quantize_rotate_writes_an_untied_rotated_checkpoint(tmp_path: Path) -> 
     assert logits.shape == (1, 16, config["vocab_size"]) and torch.isfinite(logits).all()
 
 
-def test_rotate_is_ternary_only(tmp_path: Path) -> None:
-    src = make_tiny_model(tmp_path / "src")
-    r = trit("quantize", src, tmp_path / "out", "--scheme", "w4a8", "--rotate", check=False)
-    assert r.returncode != 0 and "--rotate" in r.stderr and not (tmp_path / "out").exists()
-
-
 def test_rotation_is_the_default_for_gptq_only() -> None:
     from trit.convert import ConvertOptions
     from trit.quant import Method
@@ -131,3 +125,6 @@ def test_rotation_is_the_default_for_gptq_only() -> None:
     assert not ConvertOptions(method=Method.ABSMEAN).rotates and not ConvertOptions(method=Method.TWN).rotates
     assert ConvertOptions(method=Method.ABSMEAN, rotate=True).rotates
     assert not ConvertOptions(rotate=False).rotates
+    from trit.w4a8 import W4A8Options
+
+    assert W4A8Options().rotate is None  # w4a8: off unless asked
