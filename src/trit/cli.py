@@ -435,6 +435,9 @@ def parser() -> argparse.ArgumentParser:
     pl.add_argument("--group-size", type=int, default=fmt.DEFAULT_GROUP_SIZE,
                     help="for a float config: the group trit would use")
     pl.add_argument("--overhead", default="1.5GiB", help="CUDA context, workspaces and graphs (an assumption)")
+    pl.add_argument("--rotate", action=argparse.BooleanOptionalAction, default=True,
+                    help="for a float config: as trit quantize's default rotation writes it (a tied model of a "
+                         "rotatable type gets an lm_head of its own); --no-rotate: as quantize --no-rotate")
 
     d = _command(sub, "demo", "SmolLM2-135M: bf16 against ternary, side by side",
                  "Makes the ternary checkpoints the CPU can make in a few minutes (GPTQ, and naive rounding for\n"
@@ -477,7 +480,8 @@ def _dispatch(args: argparse.Namespace) -> int:
         from trit.eval.plan import PlanOptions, parse_size, plan
 
         opts = PlanOptions(parse_size(args.gpu_mem), args.max_seq_len, args.batch, args.kv_cache_dtype,
-                           group_size=args.group_size, overhead=parse_size(args.overhead, "--overhead"))
+                           group_size=args.group_size, overhead=parse_size(args.overhead, "--overhead"),
+                           rotate=args.rotate)
         result = plan(args.ckpt, opts)
         print(result.table(opts))
         return 0 if result.fits else 1

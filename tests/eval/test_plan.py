@@ -40,6 +40,23 @@ def test_config_only_matches_the_stored_bytes(tiny_llama_trit: Path, tmp_path: P
     assert from_config.weights["ternary (codes, scales)"] == from_headers.weights["ternary (codes, scales)"]
 
 
+@pytest.mark.parametrize("rotate", [True, False])
+def test_a_float_config_plans_what_quantize_writes(tmp_path: Path, rotate: bool) -> None:
+    """A tied float model's config plans the checkpoint ``trit quantize`` writes from it, with its default
+    rotation (the lm_head a tensor of its own) and without (``--no-rotate``: still tied)."""
+    from conftest import make_tiny_model, trit
+
+    src = make_tiny_model(tmp_path / "src", tie=True, hidden=128, intermediate=256, heads=4, kv_heads=2)
+    out = tmp_path / "out"
+    trit("quantize", src, out, "--rotate" if rotate else "--no-rotate", "--group-size", "64", "--calib-samples", "2",
+         "--calib-seq-len", "16", "--no-calib-cache", "--device", "cpu", "--quiet")
+    shutil.copy(src / "config.json", tmp_path / "config.json")
+    from_config = plan(tmp_path / "config.json", PlanOptions(rotate=rotate))
+    from_headers = plan(out, PlanOptions())
+    assert from_config.weights == from_headers.weights
+    assert ("the tied lm_head written as its own tensor" in from_config.source) is rotate
+
+
 def test_cli_says_when_it_does_not_fit(tiny_llama_trit: Path, capsys: pytest.CaptureFixture) -> None:
     assert main(["plan", str(tiny_llama_trit), "--gpu-mem", "1MiB", "--overhead", "0"]) == 1
     assert "DOES NOT FIT" in capsys.readouterr().out

@@ -59,6 +59,9 @@ class PlanOptions:
     group_size: int = fmt.DEFAULT_GROUP_SIZE  # for a float config: how trit would store it
     overhead: int = DEFAULT_OVERHEAD
     max_batched_tokens: int = DEFAULT_MAX_BATCHED_TOKENS
+    # for a float config: trit quantize's default rotation (gptq) gives a tied model of a rotatable type an
+    # lm_head of its own, beside the embeddings
+    rotate: bool = True
 
 
 @dataclass
@@ -156,7 +159,23 @@ def _weights_from_config(folder: Path, cfg: dict, opts: PlanOptions) -> dict[str
             continue
         kind = "embeddings and lm_head" if name.startswith(("model.embed_tokens", "lm_head")) else "other high precision"
         out[kind] += p.numel() * opts.dtype_bytes
+    out["embeddings and lm_head"] += _rotated_head_bytes(cfg, opts)
     return out
+
+
+def _rotated_head_bytes(cfg: dict, opts: PlanOptions) -> int:
+    """The bytes of the lm_head that trit quantize's default rotation writes for a tied float model (it counts
+    once above, shared with the embeddings), else 0."""
+    from trit.quant.rotate import ROTATABLE_MODEL_TYPES
+
+    text = cfg.get("text_config", cfg)
+    q = cfg.get("quantization_config") or {}
+    tied = text.get("tie_word_embeddings", cfg.get("tie_word_embeddings", False))
+    if not opts.rotate or not tied or q.get("quant_method") == fmt.QUANT_METHOD:
+        return 0
+    if cfg.get("model_type") not in ROTATABLE_MODEL_TYPES:
+        return 0
+    return text["vocab_size"] * text["hidden_size"] * opts.dtype_bytes
 
 
 def plan(path: str | Path, opts: PlanOptions = PlanOptions()) -> Plan:
@@ -178,6 +197,8 @@ def plan(path: str | Path, opts: PlanOptions = PlanOptions()) -> Plan:
     if weights is None:
         weights = _weights_from_config(folder, cfg, opts)
         source = f"weights computed from config.json, group {_config_quant(cfg, opts)[0]}"
+        if _rotated_head_bytes(cfg, opts):
+            source += "; the tied lm_head written as its own tensor (quantize's default rotation; --no-rotate: not)"
     q = cfg.get("quantization_config") or {}
     head = fmt.TritConfig.from_dict(q).lm_head if q.get("quant_method") == fmt.QUANT_METHOD else None
     if head is not None and int8_rows.head_choice(head) == "int8":
