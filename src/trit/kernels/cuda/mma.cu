@@ -70,6 +70,38 @@ __device__ __forceinline__ void decode_raw(u32 w, int s, u32 mask, u32 (&a)[4]) 
 __device__ __forceinline__ u32 splat_lo(u32 v) { return __byte_perm(v, 0, 0x1010); }
 __device__ __forceinline__ u32 splat_hi(u32 v) { return __byte_perm(v, 0, 0x3232); }
 
+// The codes and scales of a warp's RT 16-row tiles go through the ring of shared-memory stages the same way in
+// trit_mma and trit_wgmma: KI 16-byte words a tile and lane, and the tile's NGC group scales (two 16-byte pieces
+// a group, from lanes 0 to 2 NGC - 1). CODE_SOURCES declares wsrc, ssrc (each live tile's sources at chunk c0)
+// and tlive (bit r: tile r exists); STAGE_CODES(sb) copies the chunk starting at 128-input step ``step`` into
+// stage sb (w_off, s_off: this lane's slots) and moves the sources on a chunk. Tiles past the last one and steps
+// past KS (the tail) are not copied. Macros, not functions: a device function here compiles to other SASS for
+// several shipped configs (more or fewer instructions in the main loop), which nothing has measured.
+#define CODE_SOURCES                                                                                        \
+    const U4* wsrc[RT];                                                                                     \
+    const u32* ssrc[RT];                                                                                    \
+    u32 tlive = 0;                                                                                          \
+    _Pragma("unroll") for (int r = 0; r < RT; ++r) {                                                        \
+        const int tile = min(tile0 + r, NT - 1);                                                            \
+        if (tile0 + r < NT) tlive |= 1u << r;                                                               \
+        wsrc[r] = wq + ((long)tile * KS + (long)c0 * KI) * 32 + lane;                                       \
+        ssrc[r] = sc + ((long)tile * GP + (long)c0 * NGC) * 8 + (lane & 1) * 4 + (lane >> 1) * 8;           \
+    }
+
+#define STAGE_CODES(sb)                                                                                     \
+    {                                                                                                       \
+        const bool full = step + KI <= KS;                                                                  \
+        _Pragma("unroll") for (int r = 0; r < RT; ++r) {                                                    \
+            if (!(tlive & (1u << r))) continue;                                                             \
+            _Pragma("unroll") for (int i = 0; i < KI; ++i) if (full || step + i < KS)                       \
+                cp_async16((sb) + w_off + (r * KI + i) * 32 * 16, wsrc[r] + i * 32, 16);                    \
+            if (GS != 0 && lane < 2 * NGC && (full || (step / KI) * NGC + (lane >> 1) < GP))                \
+                cp_async16((sb) + s_off + r * NGC * 8 * 4, ssrc[r], 16);                                    \
+            wsrc[r] += KI * 32;                                                                             \
+            ssrc[r] += NGC * 8;                                                                             \
+        }                                                                                                   \
+    }
+
 // MT: token tiles of 8 a block (8 * MT tokens, MT <= 8; blockIdx.z picks the slice of tokens, so M
 // is not bounded); RT: 16-row tiles a warp; KI: 128-input steps a
 // chunk; GS: inputs a scale (32, 64, 128; 0 = one scale a row); ST: pipeline stages;
@@ -168,16 +200,7 @@ __global__ void __launch_bounds__(NW * 32) trit_mma(const U4* __restrict__ wq, c
         if (xrow0 + v * RSTEP < M && xrow0 + v * RSTEP < ROWS) xlive |= 1u << v;
     const u16* xsrc = x + (long)xrow0 * K + xkv + (long)c0 * KC;
     int xk = c0 * KC + xkv;
-    const U4* wsrc[RT];
-    const u32* ssrc[RT];
-    u32 tlive = 0;
-#pragma unroll
-    for (int r = 0; r < RT; ++r) {
-        const int tile = min(tile0 + r, NT - 1);
-        if (tile0 + r < NT) tlive |= 1u << r;
-        wsrc[r] = wq + ((long)tile * KS + (long)c0 * KI) * 32 + lane;
-        ssrc[r] = sc + ((long)tile * GP + (long)c0 * NGC) * 8 + (lane & 1) * 4 + (lane >> 1) * 8;
-    }
+    CODE_SOURCES
     int step = c0 * KI;  // first 128-input step of the next chunk to load
     const u32 w_off = X_BYTES + ((warp * RT) * KI * 32 + lane) * 16;
     const u32 s_off = X_BYTES + W_BYTES + ((warp * RT) * NGC * 8 + lane * 4) * 4;
@@ -189,18 +212,7 @@ __global__ void __launch_bounds__(NW * 32) trit_mma(const U4* __restrict__ wq, c
         for (int v = 0; v < XPT; ++v)
             if (xlive & (1u << v))
                 cp_async16(sb + xs_off + v * RSTEP * LDS * 2, xbytes ? xsrc + (long)v * RSTEP * K : x, xbytes);
-        const bool full = step + KI <= KS;
-#pragma unroll
-        for (int r = 0; r < RT; ++r) {
-            if (!(tlive & (1u << r))) continue;
-#pragma unroll
-            for (int i = 0; i < KI; ++i)
-                if (full || step + i < KS) cp_async16(sb + w_off + (r * KI + i) * 32 * 16, wsrc[r] + i * 32, 16);
-            if (GS != 0 && lane < 2 * NGC && (full || (step / KI) * NGC + (lane >> 1) < GP))
-                cp_async16(sb + s_off + r * NGC * 8 * 4, ssrc[r], 16);
-            wsrc[r] += KI * 32;
-            ssrc[r] += NGC * 8;
-        }
+        STAGE_CODES(sb)
         xsrc += KC;
         xk += KC;
         step += KI;

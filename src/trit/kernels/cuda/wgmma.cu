@@ -105,16 +105,7 @@ __global__ void __launch_bounds__(NW * 32) trit_wgmma(const U4* __restrict__ wq,
     }
     const u16* xsrc = x + (long)n0 * K + kv + (long)c0 * KC;
     int xk = c0 * KC + kv;
-    const U4* wsrc[RT];
-    const u32* ssrc[RT];
-    u32 tlive = 0;
-#pragma unroll
-    for (int r = 0; r < RT; ++r) {
-        const int tile = min(tile0 + r, NT - 1);
-        if (tile0 + r < NT) tlive |= 1u << r;
-        wsrc[r] = wq + ((long)tile * KS + (long)c0 * KI) * 32 + lane;
-        ssrc[r] = sc + ((long)tile * GP + (long)c0 * NGC) * 8 + (lane & 1) * 4 + (lane >> 1) * 8;
-    }
+    CODE_SOURCES
     int step = c0 * KI;
     const u32 w_off = X_BYTES + ((warp * RT) * KI * 32 + lane) * 16;
     const u32 s_off = X_BYTES + W_BYTES + ((warp * RT) * NGC * 8 + lane * 4) * 4;
@@ -126,18 +117,7 @@ __global__ void __launch_bounds__(NW * 32) trit_wgmma(const U4* __restrict__ wq,
         for (int p = 0; p < XP; ++p)
             if (xlive & (1u << p))
                 cp_async16(sb + x_off + p * RPP * 128, xbytes ? xsrc + (long)p * RPP * K : x, xbytes);
-        const bool full = step + KI <= KS;
-#pragma unroll
-        for (int r = 0; r < RT; ++r) {
-            if (!(tlive & (1u << r))) continue;
-#pragma unroll
-            for (int i = 0; i < KI; ++i)
-                if (full || step + i < KS) cp_async16(sb + w_off + (r * KI + i) * 32 * 16, wsrc[r] + i * 32, 16);
-            if (GS != 0 && lane < 2 * NGC && (full || (step / KI) * NGC + (lane >> 1) < GP))
-                cp_async16(sb + s_off + r * NGC * 8 * 4, ssrc[r], 16);
-            wsrc[r] += KI * 32;
-            ssrc[r] += NGC * 8;
-        }
+        STAGE_CODES(sb)
         xsrc += KC;
         xk += KC;
         step += KI;
