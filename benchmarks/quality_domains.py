@@ -54,6 +54,7 @@ VARIANTS = {
     "gptq-bos-first": ["--method", "gptq", "--calib-first", "bos"],  # the default before random first tokens
     "w4a8-g64": ["--scheme", "w4a8", "--group-size", "64"],  # int4 GPTQ weights, int8 per-token activations
     "w4a8-channel": ["--scheme", "w4a8", "--group-size", "channel"],
+    "w4a8-g64-rotate": ["--scheme", "w4a8", "--group-size", "64", "--rotate"],  # the residual stream rotated first
 }
 
 # name: (the one-plane variant it starts from, its trit heal flags), healed with trit heal's defaults otherwise

@@ -640,6 +640,7 @@ def domains() -> str:
 # the README's rows: (label, run file, variant), each against the bf16 row of its own run
 HEADLINE_DOMAINS = (
     ("bf16", "quality_domains_h200_rotate.json", "bf16"),
+    ("naive rounding (`--method absmean`, BitNet's rule)", "quality_domains_cpu.json", "absmean"),
     ("one plane, the default (`trit quantize MODEL OUT`: the residual stream rotated, 128 sampled windows), H200",
      "quality_domains_h200_rotate.json", "gptq"),
     ("one plane, the default, on the CPU", "quality_domains_cpu_rotate.json", "gptq-rotate"),
