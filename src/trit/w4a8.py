@@ -50,8 +50,14 @@ class W4A8Options:
     device: str = "cpu"
     overwrite: bool = False
     # rotate the residual stream (and each value head) first, as ternary's --rotate: the same function, and
-    # activations whose outliers are spread over every channel before their per-token int8 scale. None: off
+    # activations whose outliers are spread over every channel before their per-token int8 scale. None: on
+    # (measured better on every domain: benchmarks/results/quality_domains_cpu_w4a8_rotate.json), but a model
+    # type the rotation does not know is quantized as it stands
     rotate: bool | None = None
+
+    @property
+    def rotates(self) -> bool:
+        return self.rotate is not False
 
     def gptq(self) -> GptqOptions:
         group = fmt.PER_ROW if self.group_size == compressed.CHANNEL else self.group_size
@@ -114,7 +120,7 @@ def quantize_w4a8(
                                      if n.endswith(".weight") and len(i.shape) == 2} - set(shapes)))
     start = time.perf_counter()
     check_all_finite(ckpt, progress)
-    rotation = choose_rotation(ckpt, opts.rotate, bool(opts.rotate))
+    rotation = choose_rotation(ckpt, opts.rotate, opts.rotates)
     dtype = scale_dtype(ckpt.config)
     with ExitStack() as stack:
         rotate = rotation_fn(ckpt, rotation, stack)

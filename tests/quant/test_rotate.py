@@ -127,4 +127,4 @@ def test_rotation_is_the_default_for_gptq_only() -> None:
     assert not ConvertOptions(rotate=False).rotates
     from trit.w4a8 import W4A8Options
 
-    assert W4A8Options().rotate is None  # w4a8: off unless asked
+    assert W4A8Options().rotates and not W4A8Options(rotate=False).rotates  # w4a8: on unless --no-rotate
