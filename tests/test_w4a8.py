@@ -47,8 +47,9 @@ def test_rotate_writes_the_rotated_model_in_w4a8(tmp_path: Path) -> None:
     src = make_tiny_model(tmp_path / "float", tie=True, hidden=128, intermediate=256, heads=2, kv_heads=1)
     before = digest(src)
     out = tmp_path / "w4a8"
-    trit("quantize", src, out, "--scheme", "w4a8", "--group-size", "64", "--calib-samples", "8",
-         "--calib-seq-len", "64", "--no-calib-cache", "--quiet")
+    proc = trit("quantize", src, out, "--scheme", "w4a8", "--group-size", "64", "--calib-samples", "8",
+                "--calib-seq-len", "64", "--no-calib-cache", "--quiet")
+    assert "kept in high precision: lm_head, model.embed_tokens" in proc.stdout and "rotated first" in proc.stdout
     assert digest(src) == before
     config = json.loads((out / "config.json").read_text())
     assert config["tie_word_embeddings"] is False and compressed.is_w4a8(config["quantization_config"])

@@ -144,6 +144,7 @@ def quantize_w4a8(
         if rotation is not None:  # a tied lm_head becomes the model's own
             config = rotated_config(config)
             report.rotated = True
+            report.kept = sorted({*report.kept, "lm_head"})
         needed = sum(i.nbytes for n, i in ckpt.tensors.items() if n.removesuffix(".weight") not in shapes)
         needed += sum(n * k + n * scheme.groups(k) * dtype.itemsize for n, k in shapes.values())
         needed += tied_head_bytes(ckpt) if rotation is not None else 0
