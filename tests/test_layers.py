@@ -25,7 +25,7 @@ LAYERS: list[list[str]] = [
     ["trit.kernels.registry", "trit.kernels.int8_rows", "trit.kernels"],  # the package's own __init__: a docstring
     ["trit.ops"],
     ["trit.nn", "trit.vllm"],
-    ["trit.runtime", "trit.synthetic", "trit.calibrate", "trit.hf"],
+    ["trit.runtime", "trit.synthetic", "trit.calibrate", "trit.hf", "trit.rotation"],
     ["trit.convert", "trit.w4a8"],
     ["trit.import_bitnet", "trit.heal", "trit.api"],
     ["trit.eval"],

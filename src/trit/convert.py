@@ -32,10 +32,10 @@ from trit.errors import ConvertError
 from trit.quant import Method, quantize
 from trit.quant.gptq import GptqOptions
 from trit.quant.planes import quantize_planes
-from trit.quant.rotate import ROTATABLE_MODEL_TYPES, Rotation, make_rotation, rotate_tensor, rotated_config
+from trit.quant.rotate import rotated_config
+from trit.rotation import ROTATION_SEED, choose_rotation, rotation_fn, tied_head_bytes
 
 ALWAYS_KEPT = ("model.embed_tokens", "lm_head")
-ROTATION_SEED = 0  # --rotate's random signs and orthogonal factor (recorded in quantization_config.rotation)
 
 
 @dataclass(frozen=True)
@@ -172,46 +172,6 @@ def _output_bytes(ckpt: Checkpoint, plan: dict[str, LayerReport], opts: ConvertO
         else:
             total += info.nbytes
     return total
-
-
-def choose_rotation(ckpt: Checkpoint, asked: bool | None, wanted: bool) -> Rotation | None:
-    """The rotation to apply, or None: ``wanted`` is the option's answer (``asked``, the flag as given, or the
-    scheme's default when None). Asked for by name (``asked=True``), a model whose layers it does not know is
-    refused; by default such a model is quantized as it stands."""
-    if not wanted:
-        return None
-    model_type = ckpt.config.get("model_type")  # what check_architecture read
-    if model_type not in ROTATABLE_MODEL_TYPES:
-        if asked is None:  # the default: such a model is quantized as it stands
-            return None
-        raise ConvertError(f"--rotate: {ckpt.path} is model_type {model_type!r}; the rotation knows the layers of "
-                           f"{', '.join(ROTATABLE_MODEL_TYPES)} only (--no-rotate quantizes it as it stands)")
-    return make_rotation(ckpt.config, tied="lm_head.weight" not in ckpt.tensors, seed=ROTATION_SEED)
-
-
-TensorMap = Callable[[str, torch.Tensor], dict[str, torch.Tensor]]
-
-
-def rotation_fn(ckpt: Checkpoint, rotation: Rotation | None, stack: ExitStack) -> TensorMap:
-    """``(name, source tensor) -> {name: tensor}``: the rotated tensors (norm weights read from the source,
-    whose shards stay open in ``stack``), or the tensor as it is without a rotation."""
-    if rotation is None:
-        return lambda name, tensor: {name: tensor}
-    files = ckpt.open_all(stack)
-
-    def norm(name: str) -> torch.Tensor:
-        info = ckpt.tensors.get(name)
-        if info is None:
-            raise CheckpointError(ckpt.path, f"--rotate: tensor {name!r} is missing (a norm the rotation folds)")
-        return files[info.shard].get_tensor(name)
-
-    return lambda name, tensor: rotate_tensor(rotation, name, tensor, norm)
-
-
-def tied_head_bytes(ckpt: Checkpoint) -> int:
-    """The bytes of the lm_head a rotation writes for a tied model (the embeddings' size), else 0."""
-    info = ckpt.tensors.get("model.embed_tokens.weight")
-    return info.nbytes if info is not None and "lm_head.weight" not in ckpt.tensors else 0
 
 
 def _trit_config(opts: ConvertOptions, plan: dict[str, LayerReport], rotated: bool) -> fmt.TritConfig:

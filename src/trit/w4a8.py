@@ -31,10 +31,10 @@ from trit.checkpoint import (
     check_all_finite,
     write_checkpoint,
 )
-from trit.convert import choose_rotation, rotation_fn, tied_head_bytes
 from trit.errors import ConvertError
 from trit.quant.gptq import GptqOptions
 from trit.quant.rotate import rotated_config
+from trit.rotation import choose_rotation, rotation_fn, tied_head_bytes
 
 BITS = 4
 
