@@ -1,0 +1,41 @@
+"""Whether ``trit quantize`` rotates: the option as given, the scheme's default, and the model types the
+rotation knows (an explicit ``--rotate`` on another is refused by name; the default passes it through)."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+from conftest import make_tiny_model, trit
+from test_cli_bad_input import digest, left_behind, refused
+
+from trit.checkpoint import open_checkpoint
+from trit.errors import ConvertError
+from trit.rotation import choose_rotation, tied_head_bytes
+
+
+def test_choose_rotation_follows_the_option_and_the_model_type(tmp_path: Path) -> None:
+    tied = open_checkpoint(make_tiny_model(tmp_path / "tied", tie=True))
+    untied = open_checkpoint(make_tiny_model(tmp_path / "untied"))
+    assert choose_rotation(tied, None, False) is None and choose_rotation(tied, False, False) is None
+    rot = choose_rotation(tied, None, True)
+    assert rot is not None and rot.tied and rot.residual.shape == (64, 64)
+    assert not choose_rotation(untied, True, True).tied
+    assert tied_head_bytes(tied) == tied.tensors["model.embed_tokens.weight"].nbytes and tied_head_bytes(untied) == 0
+    bitnet = open_checkpoint(make_tiny_model(tmp_path / "bitnet", model_type="bitnet"))
+    assert choose_rotation(bitnet, None, True) is None  # the default: quantized as it stands
+    with pytest.raises(ConvertError, match=r"--rotate: .*bitnet is model_type 'bitnet'; the rotation knows"):
+        choose_rotation(bitnet, True, True)
+
+
+def test_explicit_rotate_on_a_model_it_does_not_know_is_refused(tmp_path: Path) -> None:
+    src = make_tiny_model(tmp_path / "src", model_type="bitnet")
+    before = digest(src)
+    proc = trit("quantize", src, tmp_path / "out", "--rotate", "--method", "absmean", check=False)
+    refused(proc, "--rotate", "model_type 'bitnet'")
+    assert left_behind(tmp_path) == ["src"] and digest(src) == before
+    trit("quantize", src, tmp_path / "out", "--calib-samples", "2", "--calib-seq-len", "16", "--no-calib-cache",
+         "--quiet")  # gptq's default rotation passes it through
+    config = json.loads((tmp_path / "out" / "config.json").read_text())
+    assert "rotation" not in config["quantization_config"]
