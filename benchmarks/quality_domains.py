@@ -44,7 +44,9 @@ VARIANTS = {
     "gptq": ["--method", "gptq"],
     "gptq-32samples": ["--method", "gptq", "--calib-samples", "32"],  # the default before 128 windows
     "gptq-2planes": ["--method", "gptq", "--planes", "2"],
-    "gptq-rotate": ["--method", "gptq", "--rotate"],  # the residual stream rotated first (trit.quant.rotate)
+    # the rotation named explicitly: the same checkpoints as gptq, gptq-2planes and w4a8-g64 since it became their
+    # default; kept because committed runs name their rows so
+    "gptq-rotate": ["--method", "gptq", "--rotate"],
     "gptq-no-rotate": ["--method", "gptq", "--no-rotate"],
     "gptq-2planes-rotate": ["--method", "gptq", "--planes", "2", "--rotate"],
     "gptq-2planes-no-rotate": ["--method", "gptq", "--planes", "2", "--no-rotate"],
@@ -56,7 +58,7 @@ VARIANTS = {
     "w4a8-g64": ["--scheme", "w4a8", "--group-size", "64"],
     "w4a8-g64-no-rotate": ["--scheme", "w4a8", "--group-size", "64", "--no-rotate"],
     "w4a8-channel": ["--scheme", "w4a8", "--group-size", "channel"],
-    "w4a8-g64-rotate": ["--scheme", "w4a8", "--group-size", "64", "--rotate"],  # the residual stream rotated first
+    "w4a8-g64-rotate": ["--scheme", "w4a8", "--group-size", "64", "--rotate"],  # as w4a8-g64 (see gptq-rotate)
 }
 
 # name: (the one-plane variant it starts from, its trit heal flags), healed with trit heal's defaults otherwise

@@ -20,12 +20,13 @@ LAYERS: list[list[str]] = [
     ["trit.checkpoint"],
     ["trit.arch", "trit.smollm2"],
     ["trit.quant", "trit.kernels.reference", "trit.kernels.cpu", "trit.kernels.cpu_native", "trit.kernels.tuning"],
+    ["trit.rotation"],  # the rotation's checkpoint glue (trit.quant.rotate's math on a Checkpoint)
     ["trit.kernels.triton"],
     ["trit.kernels.cuda"],
     ["trit.kernels.registry", "trit.kernels.int8_rows", "trit.kernels"],  # the package's own __init__: a docstring
     ["trit.ops"],
     ["trit.nn", "trit.vllm"],
-    ["trit.runtime", "trit.synthetic", "trit.calibrate", "trit.hf", "trit.rotation"],
+    ["trit.runtime", "trit.synthetic", "trit.calibrate", "trit.hf"],
     ["trit.convert", "trit.w4a8"],
     ["trit.import_bitnet", "trit.heal", "trit.api"],
     ["trit.eval"],

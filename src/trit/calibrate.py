@@ -40,6 +40,7 @@ from trit import format as fmt
 from trit.arch import meta_model
 from trit.checkpoint import Checkpoint, CheckpointError
 from trit.quant.gptq import GptqOptions, dequantize_planes, float_target_weight, gptq_ternary, hessian
+from trit.rotation import TensorMap
 
 # the order data reaches a decoder layer's linear layers; each group shares one input
 STAGES = (("self_attn.q_proj", "self_attn.k_proj", "self_attn.v_proj"), ("self_attn.o_proj",),
@@ -223,7 +224,7 @@ class _LayerLoader:
     """Loads one module's float tensors from the checkpoint onto the device (through ``rotate``: name and
     source tensor to the rotated model's tensors, if given), and drops them again."""
 
-    def __init__(self, ckpt: Checkpoint, stack: ExitStack, device: str, rotate=None):
+    def __init__(self, ckpt: Checkpoint, stack: ExitStack, device: str, rotate: TensorMap | None = None):
         self.ckpt, self.device, self.rotate = ckpt, device, rotate
         self.files = ckpt.open_all(stack)
 
@@ -244,7 +245,7 @@ class _LayerLoader:
 
 def gptq_model(
     ckpt: Checkpoint, quantized: set[str], gopts: GptqOptions, calib: CalibOptions, device: str = "cpu",
-    progress: bool = True, rotate=None,
+    progress: bool = True, rotate: TensorMap | None = None,
 ) -> dict[str, tuple[torch.Tensor, torch.Tensor]]:
     """GPTQ every module in ``quantized``: ``{module: (codes (P, N, K_pad) int8, scales (P, N, G) f32)}``.
 
