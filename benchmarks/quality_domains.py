@@ -67,6 +67,12 @@ VARIANTS = {
 HEALED = {
     "healed": ("gptq", []),
     "healed-no-rotate": ("gptq-no-rotate", []),
+    # candidates for heal's defaults, chosen on the geometric mean: sampled sequences that start at a random token
+    # (as calibration's), then twice the sequences and twice the main phase's steps
+    "healed-random-first": ("gptq", ["--sample-first", "random"]),
+    "healed-random-first-4096": ("gptq", ["--sample-first", "random", "--train-samples", "4096"]),
+    "healed-random-first-4096-7200": ("gptq", ["--sample-first", "random", "--train-samples", "4096",
+                                               "--steps", "7200"]),
 }
 
 
@@ -189,6 +195,9 @@ def main() -> int:
         if heal_report is not None:
             row["heal_seconds"] = heal_seconds
             row["heal"] = heal_report.summary()
+            # (step, held-out KL, seconds since the first step) at each evaluation: whether it was still improving
+            row["heal_heldout"] = [(step, kl, round(sec, 1))
+                                   for (step, kl), sec in zip(heal_report.heldout, heal_report.elapsed)]
         row["size_mib"], row["bits_per_weight"] = _size(path)
         del loaded
         if args.gsm8k_limit and name in args.gsm8k_variants.split(","):
