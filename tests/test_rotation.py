@@ -7,6 +7,7 @@ import json
 from pathlib import Path
 
 import pytest
+import torch
 from conftest import make_tiny_model, trit
 from test_cli_bad_input import digest, left_behind, refused
 
@@ -39,3 +40,23 @@ def test_explicit_rotate_on_a_model_it_does_not_know_is_refused(tmp_path: Path) 
          "--quiet")  # gptq's default rotation passes it through
     config = json.loads((tmp_path / "out" / "config.json").read_text())
     assert "rotation" not in config["quantization_config"]
+
+
+def test_rotation_fn_gives_the_loader_the_embeddings_alone(tmp_path: Path) -> None:
+    from contextlib import ExitStack
+
+    from trit.rotation import rotation_fn
+
+    ckpt = open_checkpoint(make_tiny_model(tmp_path / "tied", tie=True))
+    rot = choose_rotation(ckpt, None, True)
+    embed = ckpt.tensors["model.embed_tokens.weight"]
+    with ExitStack() as stack:
+        source = ckpt.open_all(stack)[embed.shard].get_tensor("model.embed_tokens.weight")
+        writer = rotation_fn(ckpt, rot, stack, device="cpu")("model.embed_tokens.weight", source)
+        loader = rotation_fn(ckpt, rot, stack, device="cpu", head=False)("model.embed_tokens.weight", source)
+        assert set(writer) == {"model.embed_tokens.weight", "lm_head.weight"}
+        assert list(loader) == ["model.embed_tokens.weight"]
+        assert torch.equal(loader["model.embed_tokens.weight"], writer["model.embed_tokens.weight"])
+        assert not torch.equal(writer["lm_head.weight"], source)  # rotated, and the final norm folded in
+        unrotated = rotation_fn(ckpt, None, stack, device="cpu")("model.embed_tokens.weight", source)
+        assert unrotated["model.embed_tokens.weight"] is source

@@ -237,7 +237,7 @@ class _LayerLoader:
             info = self.ckpt.tensors.get(full)
             if info is None:
                 raise fmt.FormatError(full, "a tensor in the checkpoint", "none")
-            tensor = self.files[info.shard].get_tensor(full).float()
+            tensor = self.files[info.shard].get_tensor(full).to(self.device).float()
             state[name] = self.rotate(full, tensor)[full] if self.rotate is not None else tensor
         module.load_state_dict(state)
         return module

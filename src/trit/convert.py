@@ -212,13 +212,14 @@ def convert(
     rotation = choose_rotation(ckpt, opts.rotate, opts.rotates)
     precomputed: dict[str, tuple[torch.Tensor, torch.Tensor]] = {}
     with ExitStack() as stack:
-        rotate = rotation_fn(ckpt, rotation, stack)
+        rotate = rotation_fn(ckpt, rotation, stack, device=opts.device)  # the writer's: CPU tensors in and out
         if Method(opts.method) is Method.GPTQ:
             from trit.calibrate import gptq_model
 
             check_all_finite(ckpt, progress)  # seconds, before minutes of calibration
             todo = {m for m, r in plan.items() if r.action != "kept"}
-            precomputed = gptq_model(ckpt, todo, opts.gptq(), opts.calib, opts.device, progress, rotate)
+            precomputed = gptq_model(ckpt, todo, opts.gptq(), opts.calib, opts.device, progress,
+                                      rotation_fn(ckpt, rotation, stack, device=opts.device, head=False))
 
         def quantized(name: str) -> bool:
             module, leaf = name.rsplit(".", 1)

@@ -33,12 +33,17 @@ def choose_rotation(ckpt: Checkpoint, asked: bool | None, wanted: bool) -> Rotat
     return make_rotation(ckpt.config, tied="lm_head.weight" not in ckpt.tensors, seed=ROTATION_SEED)
 
 
-def rotation_fn(ckpt: Checkpoint, rotation: Rotation | None, stack: ExitStack) -> TensorMap:
+def rotation_fn(ckpt: Checkpoint, rotation: Rotation | None, stack: ExitStack, device: str | None = None,
+                head: bool = True) -> TensorMap:
     """``(name, source tensor) -> {name: tensor}``: the rotated tensors (norm weights read from the source,
-    whose shards stay open in ``stack``), or the tensor as it is without a rotation."""
+    whose shards stay open in ``stack``), or the tensor as it is without a rotation. The float64 products run
+    on ``device`` (the quantizer's: on a GPU, seconds rather than minutes of CPU for a model of billions of
+    weights); each tensor comes back where it was given. ``head=False``: the embeddings of a tied model give
+    themselves alone (the calibration loader has no use for the lm_head the writer makes of them)."""
     if rotation is None:
         return lambda name, tensor: {name: tensor}
     files = ckpt.open_all(stack)
+    rot = rotation.to(device) if device is not None else rotation
 
     def norm(name: str) -> torch.Tensor:
         info = ckpt.tensors.get(name)
@@ -46,7 +51,7 @@ def rotation_fn(ckpt: Checkpoint, rotation: Rotation | None, stack: ExitStack) -
             raise CheckpointError(ckpt.path, f"--rotate: tensor {name!r} is missing (a norm the rotation folds)")
         return files[info.shard].get_tensor(name)
 
-    return lambda name, tensor: rotate_tensor(rotation, name, tensor, norm)
+    return lambda name, tensor: rotate_tensor(rot, name, tensor, norm, head=head)
 
 
 def tied_head_bytes(ckpt: Checkpoint) -> int:

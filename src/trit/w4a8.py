@@ -123,8 +123,9 @@ def quantize_w4a8(
     rotation = choose_rotation(ckpt, opts.rotate, opts.rotates)
     dtype = scale_dtype(ckpt.config)
     with ExitStack() as stack:
-        rotate = rotation_fn(ckpt, rotation, stack)
-        results = gptq_model(ckpt, set(shapes), opts.gptq(), opts.calib, opts.device, progress, rotate)
+        rotate = rotation_fn(ckpt, rotation, stack, device=opts.device)  # the writer's: CPU tensors in and out
+        results = gptq_model(ckpt, set(shapes), opts.gptq(), opts.calib, opts.device, progress,
+                              rotation_fn(ckpt, rotation, stack, device=opts.device, head=False))
 
         def transform(name: str, tensor: torch.Tensor) -> dict[str, torch.Tensor]:
             module, leaf = name.rsplit(".", 1)

@@ -128,3 +128,48 @@ def test_rotation_is_the_default_for_gptq_only() -> None:
     from trit.w4a8 import W4A8Options
 
     assert W4A8Options().rotates and not W4A8Options(rotate=False).rotates  # w4a8: on unless --no-rotate
+
+
+def _tied_source() -> tuple[dict, dict[str, torch.Tensor]]:
+    config = {"hidden_size": 64, "num_attention_heads": 4, "intermediate_size": 96}
+    gen = torch.Generator().manual_seed(1)
+    tensors = {"model.embed_tokens.weight": torch.randn(37, 64, generator=gen).bfloat16(),
+               "model.norm.weight": (torch.rand(64, generator=gen) + 0.5).bfloat16(),
+               "model.layers.0.input_layernorm.weight": (torch.rand(64, generator=gen) + 0.5).bfloat16(),
+               "model.layers.0.self_attn.v_proj.weight": torch.randn(64, 64, generator=gen),
+               "model.layers.0.mlp.down_proj.weight": torch.randn(64, 96, generator=gen)}
+    return config, tensors
+
+
+def test_embeddings_are_rotated_in_row_blocks_and_the_head_only_when_asked(monkeypatch) -> None:
+    import trit.quant.rotate as rotate
+
+    config, src = _tied_source()
+    rot = make_rotation(config, tied=True, seed=0)
+    whole = rotate_tensor(rot, "model.embed_tokens.weight", src["model.embed_tokens.weight"], src.__getitem__)
+    # the plain product, as the docstring defines it: E Q and E diag(g) Q in float64, then the source's dtype
+    e, g = src["model.embed_tokens.weight"].double(), src["model.norm.weight"].double()
+    assert torch.equal(whole["model.embed_tokens.weight"], (e @ rot.residual).bfloat16())
+    assert torch.equal(whole["lm_head.weight"], ((e * g) @ rot.residual).bfloat16())
+    monkeypatch.setattr(rotate, "_ROWS", 5)  # 37 rows: seven blocks and a short one
+    blocks = rotate_tensor(rot, "model.embed_tokens.weight", src["model.embed_tokens.weight"], src.__getitem__)
+    assert blocks.keys() == whole.keys() and all(torch.equal(blocks[k], whole[k]) for k in whole)
+    alone = rotate_tensor(rot, "model.embed_tokens.weight", src["model.embed_tokens.weight"], src.__getitem__,
+                          head=False)
+    assert list(alone) == ["model.embed_tokens.weight"]
+    assert torch.equal(alone["model.embed_tokens.weight"], whole["model.embed_tokens.weight"])
+
+
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a GPU")
+def test_rotation_on_the_gpu_equals_the_cpu_and_returns_tensors_where_they_were() -> None:
+    config, src = _tied_source()
+    rot = make_rotation(config, tied=True, seed=0)
+    on_gpu = rot.to("cuda")
+    for name, tensor in src.items():
+        cpu = rotate_tensor(rot, name, tensor, src.__getitem__)
+        for where in ("cpu", "cuda"):  # a CPU tensor (the writer's) and one already on the GPU (the loader's)
+            gpu = rotate_tensor(on_gpu, name, tensor.to(where), src.__getitem__)
+            assert gpu.keys() == cpu.keys()
+            for k in cpu:
+                assert gpu[k].device.type == where and gpu[k].dtype == cpu[k].dtype
+                torch.testing.assert_close(gpu[k].cpu().double(), cpu[k].double(), rtol=1e-6, atol=1e-6)

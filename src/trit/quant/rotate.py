@@ -52,6 +52,10 @@ class Rotation:
     head: torch.Tensor  # (head_dim, head_dim) float64, orthogonal
     tied: bool  # the source ties lm_head to the embeddings: the rotation writes an lm_head of its own
 
+    def to(self, device: str | torch.device) -> Rotation:
+        """The same rotation, its matrices on ``device`` (where :func:`rotate_tensor` then computes)."""
+        return Rotation(self.residual.to(device), self.head.to(device), self.tied)
+
 
 def random_orthogonal(n: int, gen: torch.Generator) -> torch.Tensor:
     """A random orthogonal ``(n, n)`` matrix (Haar: QR of a Gaussian with the signs of R's diagonal)."""
@@ -98,26 +102,44 @@ def _per_head_rows(w: torch.Tensor, h: torch.Tensor) -> torch.Tensor:
     return torch.einsum("ji,hj...->hi...", h, w.reshape(-1, d, *w.shape[1:])).reshape(w.shape)
 
 
+_ROWS = 8192  # rows a float64 product takes at once: the embeddings of a large vocabulary stay in bounds
+
+
+def _rows_times(t: torch.Tensor, q: torch.Tensor, g: torch.Tensor | None, dtype: torch.dtype) -> torch.Tensor:
+    """``(t diag(g)) q`` in float64 on ``q``'s device, ``_ROWS`` rows at a time, into ``dtype`` on ``t``'s."""
+    out = torch.empty(t.shape[0], q.shape[1], dtype=dtype, device=t.device)
+    for i in range(0, t.shape[0], _ROWS):
+        rows = t[i:i + _ROWS].to(q.device, torch.float64)
+        if g is not None:
+            rows = rows * g
+        out[i:i + _ROWS] = (rows @ q).to(out.device, dtype)
+    return out
+
+
 def rotate_tensor(rot: Rotation, name: str, tensor: torch.Tensor,
-                  norm: Callable[[str], torch.Tensor]) -> dict[str, torch.Tensor]:
-    """One source tensor -> its rotated tensors (the embeddings of a tied model also give ``lm_head.weight``).
+                  norm: Callable[[str], torch.Tensor], head: bool = True) -> dict[str, torch.Tensor]:
+    """One source tensor -> its rotated tensors (the embeddings of a tied model also give ``lm_head.weight``,
+    unless ``head`` is false).
 
     ``norm(name)`` reads a norm's weight from the source (folded into the linear layers that read after it).
-    Rotated tensors keep the source's dtype; the arithmetic is float64.
+    Rotated tensors keep the source's dtype and device; the arithmetic is float64, on the rotation's device
+    (:meth:`Rotation.to`).
     """
-    q, dtype = rot.residual, tensor.dtype
-    t = tensor.double()
+    q, dtype, device = rot.residual, tensor.dtype, tensor.device
 
     def out(x: torch.Tensor) -> torch.Tensor:
-        return x.to(dtype).contiguous()
+        return x.to(device, dtype).contiguous()
+
+    def gain(norm_name: str) -> torch.Tensor:
+        return norm(norm_name).to(q.device, torch.float64)
 
     if name == "model.embed_tokens.weight":
-        res = {name: out(t @ q)}
-        if rot.tied:
-            res["lm_head.weight"] = out((t * norm("model.norm.weight").double()) @ q)
+        res = {name: _rows_times(tensor, q, None, dtype)}
+        if rot.tied and head:
+            res["lm_head.weight"] = _rows_times(tensor, q, gain("model.norm.weight"), dtype)
         return res
     if name == "lm_head.weight":
-        return {name: out((t * norm("model.norm.weight").double()) @ q)}
+        return {name: _rows_times(tensor, q, gain("model.norm.weight"), dtype)}
     if name == "model.norm.weight":
         return {name: torch.ones_like(tensor)}
     m = _LAYER.match(name)
@@ -126,9 +148,10 @@ def rotate_tensor(rot: Rotation, name: str, tensor: torch.Tensor,
     layer, module, leaf = m.groups()
     if module in _NORMS:
         return {name: torch.ones_like(tensor)}
+    t = tensor.to(q.device, torch.float64)
     if module in _READS:
         if leaf == "weight":
-            t = (t * norm(f"model.layers.{layer}.{_READS[module]}.weight").double()) @ q
+            t = (t * gain(f"model.layers.{layer}.{_READS[module]}.weight")) @ q
         if module == "self_attn.v_proj":
             t = _per_head_rows(t, rot.head)
         return {name: out(t)}
