@@ -313,3 +313,8 @@ def test_cli_passes_sample_first(pair, tmp_path: Path, monkeypatch: pytest.Monke
     for flags in ([], ["--sample-first", "random"]):
         assert main(["heal", str(ckpt), str(tmp_path / "out"), "--teacher", str(teacher), *flags, "--quiet"]) == 0
     assert got == ["bos", "random"]
+
+
+def test_sample_batch_defaults_to_the_device() -> None:
+    assert HealOptions().sampling_batch("cuda") == 512 and HealOptions().sampling_batch("cpu") == 64
+    assert HealOptions(sample_batch=8).sampling_batch("cuda") == 8
