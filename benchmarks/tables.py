@@ -649,8 +649,8 @@ HEADLINE_DOMAINS = (
     ("two planes, rotated (`--planes 2`), H200", "quality_domains_h200_rotate.json", "gptq-2planes-rotate"),
     ("two planes, not rotated (`--planes 2 --no-rotate --calib-batch 8`)",
      "quality_domains_cpu_2planes_128samples.json", "gptq-2planes"),
-    ("one plane healed, data-free (`trit heal OUT HEALED --teacher MODEL --sample-batch 512 "
-     "--no-grad-checkpointing`, from the default), H200",
+    ("one plane healed, data-free (`trit heal OUT HEALED --teacher MODEL --no-grad-checkpointing`, from the "
+     "default; the run named `--sample-batch 512`, heal's CUDA default since), H200",
      "quality_domains_h200_rotate.json", "healed"),
     ("W4A8, int4 groups of 64 (`--scheme w4a8 --group-size 64`, rotated: the default)",
      "quality_domains_cpu_w4a8_rotate.json", "w4a8-g64-rotate"),
