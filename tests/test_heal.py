@@ -315,6 +315,18 @@ def test_cli_passes_sample_first(pair, tmp_path: Path, monkeypatch: pytest.Monke
     assert got == ["bos", "random"]
 
 
-def test_sample_batch_defaults_to_the_device() -> None:
-    assert HealOptions().sampling_batch("cuda") == 512 and HealOptions().sampling_batch("cpu") == 64
-    assert HealOptions(sample_batch=8).sampling_batch("cuda") == 8
+def test_sample_batch_defaults_to_the_device_and_its_free_memory() -> None:
+    from transformers import LlamaConfig
+
+    from trit.heal import kv_cache_bytes
+
+    # SmolLM2-135M's shape: 30 layers, 3 KV heads of 64; float32, 512 tokens: 23.6 MB a sequence
+    smol = LlamaConfig(hidden_size=576, num_hidden_layers=30, num_attention_heads=9, num_key_value_heads=3)
+    seq = kv_cache_bytes(smol, 512)
+    assert seq == 2 * 30 * 3 * 64 * 4 * 512
+    d = HealOptions()
+    assert d.sampling_batch("cpu", seq, None) == 64 and d.sampling_batch("cuda") == 512
+    assert d.sampling_batch("cuda:0", seq, 135 * 2**30) == 512  # an H200: 512 sequences' 12 GB fit a quarter
+    assert d.sampling_batch("cuda", seq, 22 * 2**30) == 128  # a 24 GB card: halved twice, to 3 GB
+    assert d.sampling_batch("cuda", 2**40, 2**30) == 1  # nothing fits: one at a time, never zero
+    assert HealOptions(sample_batch=8).sampling_batch("cuda", seq, 2**20) == 8  # given: as given

@@ -4,6 +4,7 @@ rotation knows (an explicit ``--rotate`` on another is refused by name; the defa
 from __future__ import annotations
 
 import json
+from contextlib import ExitStack
 from pathlib import Path
 
 import pytest
@@ -13,6 +14,7 @@ from test_cli_bad_input import digest, left_behind, refused
 
 from trit.checkpoint import open_checkpoint
 from trit.errors import ConvertError
+from trit.quant.rotate import rotate_tensor
 from trit.rotation import choose_rotation, tied_head_bytes
 
 
@@ -43,8 +45,6 @@ def test_explicit_rotate_on_a_model_it_does_not_know_is_refused(tmp_path: Path) 
 
 
 def test_rotation_fn_gives_the_loader_the_embeddings_alone(tmp_path: Path) -> None:
-    from contextlib import ExitStack
-
     from trit.rotation import rotation_fn
 
     ckpt = open_checkpoint(make_tiny_model(tmp_path / "tied", tie=True))
@@ -57,6 +57,35 @@ def test_rotation_fn_gives_the_loader_the_embeddings_alone(tmp_path: Path) -> No
         assert set(writer) == {"model.embed_tokens.weight", "lm_head.weight"}
         assert list(loader) == ["model.embed_tokens.weight"]
         assert torch.equal(loader["model.embed_tokens.weight"], writer["model.embed_tokens.weight"])
-        assert not torch.equal(writer["lm_head.weight"], source)  # rotated, and the final norm folded in
+        norms = ckpt.open_all(stack)[ckpt.tensors["model.norm.weight"].shard]
+        expected = rotate_tensor(rot, "model.embed_tokens.weight", source, norms.get_tensor)
+        assert torch.equal(writer["lm_head.weight"], expected["lm_head.weight"])  # E diag(g) Q, the final norm's g
         unrotated = rotation_fn(ckpt, None, stack, device="cpu")("model.embed_tokens.weight", source)
         assert unrotated["model.embed_tokens.weight"] is source
+
+
+@pytest.mark.parametrize("scheme", ["ternary", "w4a8"])
+def test_quantize_gives_calibration_the_embeddings_alone_on_its_device(tmp_path: Path, monkeypatch,
+                                                                       scheme: str) -> None:
+    """Both writers hand GPTQ's loader a rotation without the tied lm_head (which only the writer needs)."""
+    import trit.calibrate
+    from trit.convert import ConvertOptions, convert
+    from trit.w4a8 import W4A8Options, quantize_w4a8
+
+    class Seen(Exception):
+        pass
+
+    def spy(ckpt, todo, gopts, calib, device, progress, rotate):
+        with ExitStack() as stack:
+            info = ckpt.tensors["model.embed_tokens.weight"]
+            embed = ckpt.open_all(stack)[info.shard].get_tensor("model.embed_tokens.weight")
+        raise Seen(device, sorted(rotate("model.embed_tokens.weight", embed.float())))
+
+    monkeypatch.setattr(trit.calibrate, "gptq_model", spy)
+    src = make_tiny_model(tmp_path / "tied", tie=True)
+    with pytest.raises(Seen) as seen:
+        if scheme == "ternary":
+            convert(src, tmp_path / "out", ConvertOptions(group_size=32), progress=False, log=lambda s: None)
+        else:
+            quantize_w4a8(src, tmp_path / "out", W4A8Options(group_size=32), progress=False, log=lambda s: None)
+    assert seen.value.args == ("cpu", ["model.embed_tokens.weight"]) and not (tmp_path / "out").exists()

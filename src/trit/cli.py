@@ -290,7 +290,8 @@ def _heal_parser(sub) -> None:
                    help="with --data: N sequences the teacher samples join the text's training windows")
     h.add_argument("--sample-batch", type=int, default=d.sample_batch,
                    help="sequences the teacher samples at once (without --data, or with --mix-sampled; default: "
-                        "512 on CUDA, 64 on the CPU)")
+                        "512 on CUDA, halved while their KV cache would take over a quarter of the free GPU "
+                        "memory; 64 on the CPU)")
     h.add_argument("--sample-first", choices=FIRST, default=d.sample_first,
                    help="how each teacher-sampled sequence starts (as quantize's --calib-first)")
     h.add_argument("--freeze-codes", action="store_true", help="train the scales and norms only; the codes stay")

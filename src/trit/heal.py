@@ -67,7 +67,8 @@ class HealOptions:
     seed: int = 0
     grad_checkpointing: bool = True
     # sequences the teacher samples at once (data-free training text); None: 512 on CUDA (2064 sequences of 512
-    # tokens in 126 s for SmolLM2-135M on an H200, its float32 KV cache 12 GB), 64 on the CPU
+    # tokens in 126 s for SmolLM2-135M on an H200, its float32 KV cache 12 GB; fewer where that would take over
+    # a quarter of the GPU's free memory: sampling_batch), 64 on the CPU
     sample_batch: int | None = None
     freeze_codes: bool = False  # train the scales and norms only; every ternary code stays as it is
     weight_lr: float | None = 4e-3  # learning rate of the latent weights and the embeddings (None: lr)
@@ -86,9 +87,18 @@ class HealOptions:
     # how each teacher-sampled sequence starts (trit.calibrate.FIRST); BOS alone: the defaults were chosen on those
     sample_first: str = "bos"
 
-    def sampling_batch(self, device: str) -> int:
-        """Sequences the teacher samples at once on ``device``: ``sample_batch``, or 512 on CUDA, 64 elsewhere."""
-        return self.sample_batch if self.sample_batch is not None else (512 if device == "cuda" else 64)
+    def sampling_batch(self, device: str, sequence_bytes: int = 0, free_bytes: int | None = None) -> int:
+        """Sequences the teacher samples at once on ``device``: ``sample_batch``; by default 64 on the CPU, and on
+        CUDA 512, halved while that many sequences' KV cache (``sequence_bytes`` each) would take more than a
+        quarter of the device's ``free_bytes`` (a larger model, a smaller GPU)."""
+        if self.sample_batch is not None:
+            return self.sample_batch
+        if torch.device(device).type != "cuda":
+            return 64
+        batch = 512
+        while free_bytes is not None and batch > 1 and batch * sequence_bytes > free_bytes // 4:
+            batch //= 2
+        return batch
 
     def compiles(self, device: str) -> bool:
         """Whether a heal on ``device`` compiles its step: ``compile``, or by default on CUDA only."""
@@ -188,9 +198,21 @@ def _kl(student_logits: torch.Tensor, teacher_logits: torch.Tensor) -> torch.Ten
     return (t.exp() * (t - s)).sum(-1).mean()
 
 
+def kv_cache_bytes(config, seq_len: int, element_size: int = 4) -> int:
+    """Bytes of one sequence's KV cache of ``seq_len`` tokens (a transformers config; float32 by default)."""
+    c = config.get_text_config() if hasattr(config, "get_text_config") else config
+    kv_heads = getattr(c, "num_key_value_heads", None) or c.num_attention_heads
+    head_dim = getattr(c, "head_dim", None) or c.hidden_size // c.num_attention_heads
+    return 2 * c.num_hidden_layers * kv_heads * head_dim * element_size * seq_len
+
+
 def _sequences(teacher, tokenizer, opts: HealOptions, progress: bool = False,
                device: str = "cpu") -> tuple[torch.Tensor, torch.Tensor]:
     """Training and held-out token windows ``(S, T)``; the two never share a window (sampled on ``device``)."""
+    def sample_batch() -> int:  # asked only where the teacher samples
+        free = torch.cuda.mem_get_info(torch.device(device))[0] if torch.device(device).type == "cuda" else None
+        return opts.sampling_batch(device, kv_cache_bytes(teacher.config, opts.seq_len), free)
+
     from trit.calibrate import sample_from_model, windows_from_text
 
     total = opts.train_samples + opts.heldout_samples
@@ -205,11 +227,10 @@ def _sequences(teacher, tokenizer, opts: HealOptions, progress: bool = False,
         train = windows_from_text(ids[:cut], opts.train_samples, opts.seq_len)
         if opts.mix_sampled:  # more, other text than the file's; the held-out windows stay the file's
             train = torch.cat([train, sample_from_model(teacher, tokenizer, opts.mix_sampled, opts.seq_len, opts.seed,
-                                                        opts.sampling_batch(device), progress,
-                                                        first=opts.sample_first)])
+                                                        sample_batch(), progress, first=opts.sample_first)])
         return train, windows_from_text(ids[cut:], opts.heldout_samples, opts.seq_len)
-    seqs = sample_from_model(teacher, tokenizer, total, opts.seq_len, opts.seed, opts.sampling_batch(device),
-                             progress, first=opts.sample_first)
+    seqs = sample_from_model(teacher, tokenizer, total, opts.seq_len, opts.seed, sample_batch(), progress,
+                             first=opts.sample_first)
     return seqs[: opts.train_samples], seqs[opts.train_samples:]
 
 

@@ -137,7 +137,11 @@ def _tied_source() -> tuple[dict, dict[str, torch.Tensor]]:
                "model.norm.weight": (torch.rand(64, generator=gen) + 0.5).bfloat16(),
                "model.layers.0.input_layernorm.weight": (torch.rand(64, generator=gen) + 0.5).bfloat16(),
                "model.layers.0.self_attn.v_proj.weight": torch.randn(64, 64, generator=gen),
-               "model.layers.0.mlp.down_proj.weight": torch.randn(64, 96, generator=gen)}
+               "model.layers.0.self_attn.v_proj.bias": torch.randn(64, generator=gen),
+               "model.layers.0.self_attn.q_norm.weight": torch.rand(16, generator=gen),  # per head: untouched
+               "model.layers.0.self_attn.o_proj.weight": torch.randn(64, 64, generator=gen),
+               "model.layers.0.mlp.down_proj.weight": torch.randn(64, 96, generator=gen),
+               "lm_head.weight": torch.randn(37, 64, generator=gen).bfloat16()}  # as an untied model's
     return config, tensors
 
 

@@ -148,6 +148,8 @@ def rotate_tensor(rot: Rotation, name: str, tensor: torch.Tensor,
     layer, module, leaf = m.groups()
     if module in _NORMS:
         return {name: torch.ones_like(tensor)}
+    if module not in _READS and module not in _WRITES:  # e.g. Qwen3's q_norm and k_norm: per head, untouched
+        return {name: tensor}
     t = tensor.to(q.device, torch.float64)
     if module in _READS:
         if leaf == "weight":
@@ -155,12 +157,11 @@ def rotate_tensor(rot: Rotation, name: str, tensor: torch.Tensor,
         if module == "self_attn.v_proj":
             t = _per_head_rows(t, rot.head)
         return {name: out(t)}
-    if module in _WRITES:
-        if module == "self_attn.o_proj" and leaf == "weight":
-            d = rot.head.shape[0]
-            t = (t.reshape(t.shape[0], -1, d) @ rot.head).reshape(t.shape)
-        return {name: out(q.T @ t)}
-    return {name: tensor}
+    # the layers that write the stream (_WRITES); o_proj's columns also undo each value head's turn
+    if module == "self_attn.o_proj" and leaf == "weight":
+        d = rot.head.shape[0]
+        t = (t.reshape(t.shape[0], -1, d) @ rot.head).reshape(t.shape)
+    return {name: out(q.T @ t)}
 
 
 def rotated_config(config: dict) -> dict:
