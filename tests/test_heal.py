@@ -72,7 +72,7 @@ def test_compiled_step_trains_as_the_eager_one(pair, tmp_path: Path, monkeypatch
 
 
 def test_compiles_by_default_on_cuda_only() -> None:
-    assert HealOptions().compiles("cuda") and not HealOptions().compiles("cpu")
+    assert HealOptions().compiles("cuda") and HealOptions().compiles("cuda:0") and not HealOptions().compiles("cpu")
     assert HealOptions(compile=True).compiles("cpu") and not HealOptions(compile=False).compiles("cuda")
 
 
@@ -318,7 +318,7 @@ def test_cli_passes_sample_first(pair, tmp_path: Path, monkeypatch: pytest.Monke
 def test_sample_batch_defaults_to_the_device_and_its_free_memory() -> None:
     from transformers import LlamaConfig
 
-    from trit.heal import kv_cache_bytes
+    from trit.arch import kv_cache_bytes
 
     # SmolLM2-135M's shape: 30 layers, 3 KV heads of 64; float32, 512 tokens: 23.6 MB a sequence
     smol = LlamaConfig(hidden_size=576, num_hidden_layers=30, num_attention_heads=9, num_key_value_heads=3)

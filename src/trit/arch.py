@@ -62,6 +62,18 @@ def linear_shapes(config: dict[str, Any]) -> dict[str, tuple[int, int]]:
     return {f"model.layers.{i}.{name}": shape for i in range(c["num_hidden_layers"]) for name, shape in per_layer.items()}
 
 
+def kv_cache_bytes(config: Any, tokens: int, element_size: int = 4) -> int:
+    """Bytes of the KV cache of ``tokens`` tokens (float32 by default), from a config.json dict or a
+    transformers config (a multimodal one's text config)."""
+    c = config.get_text_config() if hasattr(config, "get_text_config") else config
+    c = c.get("text_config", c) if isinstance(c, dict) else c
+    get = c.get if isinstance(c, dict) else lambda k, d=None: getattr(c, k, d)
+    heads = get("num_attention_heads")
+    kv_heads = get("num_key_value_heads") or heads
+    head_dim = get("head_dim") or get("hidden_size") // heads
+    return 2 * get("num_hidden_layers") * kv_heads * head_dim * element_size * tokens
+
+
 def meta_model(ckpt: Checkpoint | Path, dtype: torch.dtype | None = None) -> nn.Module:
     """The checkpoint's (or config folder's) transformers model built on the meta device: sizes, no memory."""
     from transformers import AutoConfig

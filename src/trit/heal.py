@@ -44,11 +44,17 @@ from torch import nn
 from tqdm.auto import tqdm
 
 from trit import format as fmt
+from trit.arch import kv_cache_bytes
 from trit.checkpoint import CheckpointError, check_paths, write_checkpoint
 from trit.errors import ConvertError
 from trit.nn import TritLinear
 
 COMPILE_BACKEND = "inductor"  # torch.compile's backend for HealOptions.compile
+
+
+def _is_cuda(device: str | torch.device) -> bool:
+    """``cuda``, ``cuda:0``, a ``torch.device``: whether the device is a CUDA GPU."""
+    return torch.device(device).type == "cuda"
 
 
 @dataclass(frozen=True)
@@ -93,7 +99,7 @@ class HealOptions:
         quarter of the device's ``free_bytes`` (a larger model, a smaller GPU)."""
         if self.sample_batch is not None:
             return self.sample_batch
-        if torch.device(device).type != "cuda":
+        if not _is_cuda(device):
             return 64
         batch = 512
         while free_bytes is not None and batch > 1 and batch * sequence_bytes > free_bytes // 4:
@@ -102,7 +108,7 @@ class HealOptions:
 
     def compiles(self, device: str) -> bool:
         """Whether a heal on ``device`` compiles its step: ``compile``, or by default on CUDA only."""
-        return self.compile if self.compile is not None else device == "cuda"
+        return self.compile if self.compile is not None else _is_cuda(device)
 
 
 @dataclass
@@ -198,22 +204,14 @@ def _kl(student_logits: torch.Tensor, teacher_logits: torch.Tensor) -> torch.Ten
     return (t.exp() * (t - s)).sum(-1).mean()
 
 
-def kv_cache_bytes(config, seq_len: int, element_size: int = 4) -> int:
-    """Bytes of one sequence's KV cache of ``seq_len`` tokens (a transformers config; float32 by default)."""
-    c = config.get_text_config() if hasattr(config, "get_text_config") else config
-    kv_heads = getattr(c, "num_key_value_heads", None) or c.num_attention_heads
-    head_dim = getattr(c, "head_dim", None) or c.hidden_size // c.num_attention_heads
-    return 2 * c.num_hidden_layers * kv_heads * head_dim * element_size * seq_len
-
-
 def _sequences(teacher, tokenizer, opts: HealOptions, progress: bool = False,
                device: str = "cpu") -> tuple[torch.Tensor, torch.Tensor]:
     """Training and held-out token windows ``(S, T)``; the two never share a window (sampled on ``device``)."""
-    def sample_batch() -> int:  # asked only where the teacher samples
-        free = torch.cuda.mem_get_info(torch.device(device))[0] if torch.device(device).type == "cuda" else None
-        return opts.sampling_batch(device, kv_cache_bytes(teacher.config, opts.seq_len), free)
-
     from trit.calibrate import sample_from_model, windows_from_text
+
+    def sample_batch() -> int:  # asked only where the teacher samples
+        free = torch.cuda.mem_get_info(torch.device(device))[0] if _is_cuda(device) else None
+        return opts.sampling_batch(device, kv_cache_bytes(teacher.config, opts.seq_len), free)
 
     total = opts.train_samples + opts.heldout_samples
     if opts.data is not None:
@@ -268,7 +266,7 @@ def heal(
         raise ConvertError(f"{ckpt_dir}: heal trains one-plane checkpoints; this one has {loaded.trit_config.planes}")
     teacher = AutoModelForCausalLM.from_pretrained(teacher_dir, dtype=torch.float32).to(device).eval()
     teacher.requires_grad_(False)
-    amp = (lambda: torch.autocast("cuda", dtype=torch.bfloat16)) if device == "cuda" else nullcontext
+    amp = (lambda: torch.autocast("cuda", dtype=torch.bfloat16)) if _is_cuda(device) else nullcontext
     torch.manual_seed(opts.seed)
     train, heldout = (t.to(device) for t in _sequences(teacher, loaded.tokenizer, opts, progress, device))
     # no KV cache from here on (sampling above used one): a compiled block would recompile for each layer's cache

