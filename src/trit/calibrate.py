@@ -249,8 +249,8 @@ def gptq_model(
 ) -> dict[str, tuple[torch.Tensor, torch.Tensor]]:
     """GPTQ every module in ``quantized``: ``{module: (codes (P, N, K_pad) int8, scales (P, N, G) f32)}``.
 
-    ``rotate`` (``(name, source tensor) -> {name: tensor}``, :func:`trit.rotation.rotation_fn`): quantize the
-    model those tensors make (the sampled calibration windows are the source's: the same function)."""
+    ``rotate`` (``(name, source tensor) -> {name: tensor}``, the loader of :func:`trit.rotation.rotation_maps`):
+    quantize the model those tensors make (the sampled calibration windows are the source's: the same function)."""
     ids = calibration_ids(ckpt, calib, device, progress)  # (S, T)
     model = meta_model(ckpt, torch.float32)
     results: dict[str, tuple[torch.Tensor, torch.Tensor]] = {}

@@ -33,7 +33,7 @@ from trit.quant import Method, quantize
 from trit.quant.gptq import GptqOptions
 from trit.quant.planes import quantize_planes
 from trit.quant.rotate import rotated_config
-from trit.rotation import ROTATION_SEED, choose_rotation, rotation_fn, tied_head_bytes
+from trit.rotation import ROTATION_SEED, choose_rotation, rotation_maps, tied_head_bytes
 
 ALWAYS_KEPT = ("model.embed_tokens", "lm_head")
 
@@ -212,14 +212,14 @@ def convert(
     rotation = choose_rotation(ckpt, opts.rotate, opts.rotates)
     precomputed: dict[str, tuple[torch.Tensor, torch.Tensor]] = {}
     with ExitStack() as stack:
-        rotate = rotation_fn(ckpt, rotation, stack, device=opts.device)  # the writer's: CPU tensors in and out
+        rotate, rotate_for_calibration = rotation_maps(ckpt, rotation, stack, device=opts.device)
         if Method(opts.method) is Method.GPTQ:
             from trit.calibrate import gptq_model
 
             check_all_finite(ckpt, progress)  # seconds, before minutes of calibration
             todo = {m for m, r in plan.items() if r.action != "kept"}
             precomputed = gptq_model(ckpt, todo, opts.gptq(), opts.calib, opts.device, progress,
-                                      rotation_fn(ckpt, rotation, stack, device=opts.device, head=False))
+                                      rotate_for_calibration)
 
         def quantized(name: str) -> bool:
             module, leaf = name.rsplit(".", 1)

@@ -1,6 +1,6 @@
 """The residual-stream rotation (:mod:`trit.quant.rotate`) applied to a float checkpoint as it is quantized:
 whether to rotate it, and its tensors rotated one by one as they are read (``trit quantize`` for ternary and
-for W4A8; the calibration loader through :func:`rotation_fn`)."""
+for W4A8; the calibration loader through :func:`rotation_maps`)."""
 
 from __future__ import annotations
 
@@ -33,15 +33,17 @@ def choose_rotation(ckpt: Checkpoint, asked: bool | None, wanted: bool) -> Rotat
     return make_rotation(ckpt.config, tied="lm_head.weight" not in ckpt.tensors, seed=ROTATION_SEED)
 
 
-def rotation_fn(ckpt: Checkpoint, rotation: Rotation | None, stack: ExitStack, device: str | None = None,
-                head: bool = True) -> TensorMap:
-    """``(name, source tensor) -> {name: tensor}``: the rotated tensors (norm weights read from the source,
-    whose shards stay open in ``stack``), or the tensor as it is without a rotation. The float64 products run
-    on ``device`` (the quantizer's: on a GPU, seconds rather than minutes of CPU for a model of billions of
-    weights); each tensor comes back where it was given. ``head=False``: the embeddings of a tied model give
-    themselves alone (the calibration loader has no use for the lm_head the writer makes of them)."""
+def rotation_maps(ckpt: Checkpoint, rotation: Rotation | None, stack: ExitStack,
+                  device: str | None = None) -> tuple[TensorMap, TensorMap]:
+    """The writer's and the calibration loader's ``(name, source tensor) -> {name: tensor}``: the rotated
+    tensors (norm weights read from the source, whose shards are opened once and stay open in ``stack``), or the
+    tensor as it is without a rotation. The float64 products run on ``device`` (the quantizer's: on a GPU rather
+    than in minutes of CPU for a model of billions of weights); each tensor comes back where it was given. The
+    writer's embeddings of a tied model also give the lm_head the rotation makes of them; the loader's give
+    themselves alone (calibration has no use for that head)."""
     if rotation is None:
-        return lambda name, tensor: {name: tensor}
+        same = lambda name, tensor: {name: tensor}  # noqa: E731
+        return same, same
     files = ckpt.open_all(stack)
     rot = rotation.to(device) if device is not None else rotation
 
@@ -51,7 +53,8 @@ def rotation_fn(ckpt: Checkpoint, rotation: Rotation | None, stack: ExitStack, d
             raise CheckpointError(ckpt.path, f"--rotate: tensor {name!r} is missing (a norm the rotation folds)")
         return files[info.shard].get_tensor(name)
 
-    return lambda name, tensor: rotate_tensor(rot, name, tensor, norm, head=head)
+    return (lambda name, tensor: rotate_tensor(rot, name, tensor, norm),
+            lambda name, tensor: rotate_tensor(rot, name, tensor, norm, head=False))
 
 
 def tied_head_bytes(ckpt: Checkpoint) -> int:
@@ -60,4 +63,4 @@ def tied_head_bytes(ckpt: Checkpoint) -> int:
     return info.nbytes if info is not None and "lm_head.weight" not in ckpt.tensors else 0
 
 
-__all__ = ["ROTATION_SEED", "TensorMap", "choose_rotation", "rotation_fn", "tied_head_bytes"]
+__all__ = ["ROTATION_SEED", "TensorMap", "choose_rotation", "rotation_maps", "tied_head_bytes"]

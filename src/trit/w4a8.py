@@ -34,7 +34,7 @@ from trit.checkpoint import (
 from trit.errors import ConvertError
 from trit.quant.gptq import GptqOptions
 from trit.quant.rotate import rotated_config
-from trit.rotation import choose_rotation, rotation_fn, tied_head_bytes
+from trit.rotation import choose_rotation, rotation_maps, tied_head_bytes
 
 BITS = 4
 
@@ -123,9 +123,9 @@ def quantize_w4a8(
     rotation = choose_rotation(ckpt, opts.rotate, opts.rotates)
     dtype = scale_dtype(ckpt.config)
     with ExitStack() as stack:
-        rotate = rotation_fn(ckpt, rotation, stack, device=opts.device)  # the writer's: CPU tensors in and out
+        rotate, rotate_for_calibration = rotation_maps(ckpt, rotation, stack, device=opts.device)
         results = gptq_model(ckpt, set(shapes), opts.gptq(), opts.calib, opts.device, progress,
-                              rotation_fn(ckpt, rotation, stack, device=opts.device, head=False))
+                              rotate_for_calibration)
 
         def transform(name: str, tensor: torch.Tensor) -> dict[str, torch.Tensor]:
             module, leaf = name.rsplit(".", 1)

@@ -105,15 +105,16 @@ def _per_head_rows(w: torch.Tensor, h: torch.Tensor) -> torch.Tensor:
 _ROWS = 8192  # rows a float64 product takes at once: the embeddings of a large vocabulary stay in bounds
 
 
-def _rows_times(t: torch.Tensor, q: torch.Tensor, g: torch.Tensor | None, dtype: torch.dtype) -> torch.Tensor:
-    """``(t diag(g)) q`` in float64 on ``q``'s device, ``_ROWS`` rows at a time, into ``dtype`` on ``t``'s."""
-    out = torch.empty(t.shape[0], q.shape[1], dtype=dtype, device=t.device)
+def _rows_times(t: torch.Tensor, q: torch.Tensor, gains: list[torch.Tensor | None],
+                dtype: torch.dtype) -> list[torch.Tensor]:
+    """``(t diag(g)) q`` for each ``g`` of ``gains`` (None: no gain) in float64 on ``q``'s device, ``_ROWS`` rows at
+    a time (each block of ``t`` moved there once for all of them), into ``dtype`` on ``t``'s."""
+    outs = [torch.empty(t.shape[0], q.shape[1], dtype=dtype, device=t.device) for _ in gains]
     for i in range(0, t.shape[0], _ROWS):
         rows = t[i:i + _ROWS].to(q.device, torch.float64)
-        if g is not None:
-            rows = rows * g
-        out[i:i + _ROWS] = (rows @ q).to(out.device, dtype)
-    return out
+        for g, out in zip(gains, outs):
+            out[i:i + _ROWS] = ((rows if g is None else rows * g) @ q).to(out.device, dtype)
+    return outs
 
 
 def rotate_tensor(rot: Rotation, name: str, tensor: torch.Tensor,
@@ -134,12 +135,12 @@ def rotate_tensor(rot: Rotation, name: str, tensor: torch.Tensor,
         return norm(norm_name).to(q.device, torch.float64)
 
     if name == "model.embed_tokens.weight":
-        res = {name: _rows_times(tensor, q, None, dtype)}
-        if rot.tied and head:
-            res["lm_head.weight"] = _rows_times(tensor, q, gain("model.norm.weight"), dtype)
-        return res
+        if rot.tied and head:  # E Q and the head E diag(g) Q, from one pass over E's rows
+            embed, lm_head = _rows_times(tensor, q, [None, gain("model.norm.weight")], dtype)
+            return {name: embed, "lm_head.weight": lm_head}
+        return {name: _rows_times(tensor, q, [None], dtype)[0]}
     if name == "lm_head.weight":
-        return {name: _rows_times(tensor, q, gain("model.norm.weight"), dtype)}
+        return {name: _rows_times(tensor, q, [gain("model.norm.weight")], dtype)[0]}
     if name == "model.norm.weight":
         return {name: torch.ones_like(tensor)}
     m = _LAYER.match(name)
