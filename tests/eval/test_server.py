@@ -33,23 +33,32 @@ def test_kv_cache_bytes_reads_a_config_dict_as_a_transformers_config() -> None:
     assert kv_cache_bytes(no_kv, 1) == 2 * 30 * 9 * 64 * 4  # no grouped heads: as many KV heads as heads
 
 
-def test_cpu_kv_cache_is_what_the_job_needs_plus_a_tenth_in_16_mib_steps(ckpt: Path) -> None:
-    assert cpu_kv_cache_bytes(ckpt, 1) == 64 * MIB  # the floor
-    need = 46080 * 8192  # 360 MiB exactly
-    got = cpu_kv_cache_bytes(ckpt, 8192)
+def test_cpu_kv_cache_holds_whole_blocks_and_the_reserved_one_plus_a_tenth(ckpt: Path) -> None:
+    assert cpu_kv_cache_bytes(SMOL, 1, 1) == 64 * MIB  # the floor
+    # 4 sequences of 1000 tokens: 8 blocks of 128 each, and the block vLLM's pool keeps back
+    need = 46080 * 128 * (4 * 8 + 1)
+    got = cpu_kv_cache_bytes(SMOL, 4, 1000)
     assert got % (16 * MIB) == 0 and need * 1.1 <= got < need * 1.1 + 16 * MIB
+    # Llama-3-8B's shape at 512 tokens: 64 MiB a sequence, so whole blocks and the kept one matter
+    llama = {"hidden_size": 4096, "num_hidden_layers": 32, "num_attention_heads": 32, "num_key_value_heads": 8}
+    assert cpu_kv_cache_bytes(llama, 1, 512) >= kv_cache_bytes(llama, 5 * 128) * 1.1
 
 
 def test_gsm8k_on_a_cpu_sizes_the_cache_to_its_sequences(ckpt: Path, monkeypatch) -> None:
     monkeypatch.setattr(gsm8k, "_cuda", lambda: False)
     args = gsm8k.server_args(gsm8k.Gsm8kOptions(concurrency=4, max_model_len=1024), ckpt)
-    assert args[args.index("--kv-cache-memory-bytes") + 1] == str(cpu_kv_cache_bytes(ckpt, 4 * 1024))
+    assert args[args.index("--kv-cache-memory-bytes") + 1] == str(cpu_kv_cache_bytes(SMOL, 4, 1024))
     assert "--gpu-memory-utilization" not in args and "--enforce-eager" in args
+    longer = gsm8k.server_args(gsm8k.Gsm8kOptions(server_args=("--max-model-len", "8192")), ckpt)
+    assert longer[longer.index("--kv-cache-memory-bytes") + 1] == str(cpu_kv_cache_bytes(SMOL, 1, 8192))
     share = gsm8k.server_args(gsm8k.Gsm8kOptions(gpu_memory_utilization=0.5), ckpt)  # asked for: as asked
     assert share[share.index("--gpu-memory-utilization") + 1] == "0.5" and "--kv-cache-memory-bytes" not in share
-    for given in ("--kv-cache-memory-bytes=1G", "--gpu-memory-utilization=0.2"):  # the user's own server flag wins
-        args = gsm8k.server_args(gsm8k.Gsm8kOptions(server_args=(given,)), ckpt)
-        assert args.count(given) == 1 and not {"--kv-cache-memory-bytes", "--gpu-memory-utilization"} & set(args)
+    # the user's own memory flag wins, however vLLM would read it
+    for given in (("--kv-cache-memory-bytes=1G",), ("--gpu-memory-utilization", "0.2"),
+                  ("--gpu_memory_utilization=0.2",), ("--device-memory-utilization=0.2",)):
+        args = gsm8k.server_args(gsm8k.Gsm8kOptions(server_args=given), ckpt)
+        assert args[-len(given):] == list(given)
+        assert not {"--kv-cache-memory-bytes", "--gpu-memory-utilization"} & set(args[:-len(given)])
 
 
 def test_gsm8k_on_a_gpu_takes_a_share_of_its_memory(ckpt: Path, monkeypatch) -> None:

@@ -212,7 +212,8 @@ def vllm_cpu(kind: str, path: Path, work: Path, new: int) -> dict:
     ids = AutoTokenizer.from_pretrained(path)(text.read_text()[:20000]).input_ids[:64]
     (work / "ids.json").write_text(json.dumps(ids))
     (work / "run.py").write_text(VLLM_CPU)
-    kv_bytes = cpu_kv_cache_bytes(path, 4 * 1024)  # batches of up to 4 at max_model_len 1024
+    config = json.loads((path / "config.json").read_text())
+    kv_bytes = cpu_kv_cache_bytes(config, 4, 1024)  # batches of up to 4 at max_model_len 1024
     proc = subprocess.run([sys.executable, str(work / "run.py"), str(path), str(work / "ids.json"), str(new),
                            str(kv_bytes)], capture_output=True, text=True, timeout=1800)
     try:

