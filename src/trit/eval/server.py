@@ -39,6 +39,21 @@ def cpu_kv_cache_bytes(config: Any, sequences: int, seq_len: int) -> int:
     return max(4 * step, -(-kv_cache_bytes(config, blocks * CPU_KV_BLOCK) * 11 // 10 // step) * step)
 
 
+# vLLM's names for the flags that set its memory (its parser takes "_" for "-" too)
+MEMORY_FLAGS = frozenset({"--gpu-memory-utilization", "--device-memory-utilization", "--kv-cache-memory-bytes"})
+
+
+def server_flags(args: list[str] | tuple[str, ...]) -> dict[str, str | None]:
+    """``{--flag: value}`` of server arguments given as ``--flag=value`` or ``--flag value`` ("_" read as "-")."""
+    out: dict[str, str | None] = {}
+    for i, a in enumerate(args):
+        if a.startswith("--"):
+            name, eq, value = a.partition("=")
+            nxt = args[i + 1] if i + 1 < len(args) and not args[i + 1].startswith("--") else None
+            out["--" + name[2:].replace("_", "-")] = value if eq else nxt
+    return out
+
+
 class ServerError(RuntimeError):
     """The server exited or did not answer ``/health`` in time; the message quotes its log's tail."""
 
@@ -110,4 +125,5 @@ class VllmServer:
             stop(self.proc)
 
 
-__all__ = ["VllmServer", "ServerError", "cpu_kv_cache_bytes", "free_port", "healthy", "stop"]
+__all__ = ["MEMORY_FLAGS", "VllmServer", "ServerError", "cpu_kv_cache_bytes", "free_port", "healthy", "server_flags",
+           "stop"]
