@@ -54,6 +54,8 @@ VARIANTS = {
     "gptq-128samples": ["--method", "gptq", "--calib-samples", "128"],
     "gptq-random-first": ["--method", "gptq", "--calib-first", "random"],
     "gptq-bos-first": ["--method", "gptq", "--calib-first", "bos"],  # the default before random first tokens
+    "gptq-damp0.1": ["--method", "gptq", "--damp", "0.1"],  # ten times the default damping
+    "gptq-damp0.001": ["--method", "gptq", "--damp", "0.001"],  # a tenth of it
     # int4 GPTQ weights, int8 per-token activations; the residual stream rotated first (the default)
     "w4a8-g64": ["--scheme", "w4a8", "--group-size", "64"],
     "w4a8-g64-no-rotate": ["--scheme", "w4a8", "--group-size", "64", "--no-rotate"],
