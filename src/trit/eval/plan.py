@@ -25,7 +25,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from trit import format as fmt
-from trit.arch import is_decoder_linear, meta_model
+from trit.arch import is_decoder_linear, kv_cache_bytes, meta_model
 from trit.checkpoint import CONFIG_FILE, CheckpointError, open_checkpoint
 from trit.kernels import int8_rows
 
@@ -181,14 +181,11 @@ def _rotated_head_bytes(cfg: dict, opts: PlanOptions) -> int:
 def plan(path: str | Path, opts: PlanOptions = PlanOptions()) -> Plan:
     cfg, folder = _read_config(Path(path))
     text = cfg.get("text_config", cfg)
-    try:
-        layers, hidden = text["num_hidden_layers"], text["hidden_size"]
-        heads = text["num_attention_heads"]
-        kv_heads = text.get("num_key_value_heads") or heads
-        head_dim = text.get("head_dim") or hidden // heads
-        inter, vocab = text["intermediate_size"], text["vocab_size"]
-    except KeyError as e:
-        raise PlanError(folder / CONFIG_FILE, f"expected a decoder config with {e.args[0]}") from None
+    missing = [k for k in ("num_hidden_layers", "hidden_size", "num_attention_heads", "intermediate_size",
+                           "vocab_size") if k not in text]
+    if missing:
+        raise PlanError(folder / CONFIG_FILE, f"expected a decoder config with {missing[0]}")
+    hidden, inter, vocab = text["hidden_size"], text["intermediate_size"], text["vocab_size"]
     if opts.kv_cache_dtype not in _DTYPE_BYTES:
         raise PlanError("--kv-cache-dtype", f"expected one of {', '.join(_DTYPE_BYTES)}, found {opts.kv_cache_dtype!r}")
     weights = _weights_from_headers(folder)
@@ -212,7 +209,7 @@ def plan(path: str | Path, opts: PlanOptions = PlanOptions()) -> Plan:
         source += "; lm_head in int8 rows"
     p = Plan(weights=weights, source=source, gpu_mem=opts.gpu_mem, overhead=opts.overhead,
              max_position_embeddings=text.get("max_position_embeddings"))
-    p.kv_per_token = 2 * layers * kv_heads * head_dim * _DTYPE_BYTES[opts.kv_cache_dtype]
+    p.kv_per_token = kv_cache_bytes(text, 1, _DTYPE_BYTES[opts.kv_cache_dtype])
     p.kv_total = p.kv_per_token * opts.batch * opts.max_seq_len
     rows = min(opts.max_batched_tokens, opts.batch * opts.max_seq_len)
     p.activations = rows * (4 * hidden + 2 * inter) * opts.dtype_bytes + opts.batch * vocab * 4
