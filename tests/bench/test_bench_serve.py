@@ -137,3 +137,24 @@ def test_a_profiled_start_that_fails_says_so_in_its_profile(tmp_path: Path, monk
     last = serve.run_server("tiny", "trit", args, tmp_path, start=1)
     assert first.error and first.profile is None  # not the start to be profiled: nothing was lost
     assert last.profile == {"concurrency": 2, "error": f"the profiled start failed: {last.error}"}
+
+
+def test_the_gpu_memory_is_asked_of_nvidia_smi_once_a_gpu(monkeypatch) -> None:
+    from trit.bench import serve
+
+    calls = []
+
+    def fake_run(cmd, **kwargs):
+        calls.append(cmd)
+        return subprocess.CompletedProcess(cmd, 0, stdout="81559\n" if cmd[2] == "0" else "143771\n", stderr="")
+
+    serve._gpu_memory_mib.cache_clear()
+    monkeypatch.setattr(serve.subprocess, "run", fake_run)
+    monkeypatch.delenv("CUDA_VISIBLE_DEVICES", raising=False)
+    try:
+        assert [serve._gpu_total_mib() for _ in range(3)] == [81559.0] * 3
+        monkeypatch.setenv("CUDA_VISIBLE_DEVICES", "1,0")
+        assert serve._gpu_total_mib() == 143771.0
+        assert [c[2] for c in calls] == ["0", "1"]  # one nvidia-smi a GPU, however many server starts ask
+    finally:
+        serve._gpu_memory_mib.cache_clear()

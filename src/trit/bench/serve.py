@@ -26,6 +26,7 @@ distribution named ``vllm``); the arguments are those of ``vllm bench serve``.
 from __future__ import annotations
 
 import argparse
+import functools
 import json
 import os
 import platform
@@ -291,7 +292,12 @@ def _device() -> str:
 def _gpu_total_mib() -> float | None:
     """The memory (MiB) of the GPU the server runs on: what ``--gpu-memory-utilization`` is a share of (the first
     of ``CUDA_VISIBLE_DEVICES`` when set, else GPU 0; nvidia-smi does not read that variable); None without one."""
-    index = (os.environ.get("CUDA_VISIBLE_DEVICES") or "0").split(",")[0].strip() or "0"
+    return _gpu_memory_mib((os.environ.get("CUDA_VISIBLE_DEVICES") or "0").split(",")[0].strip() or "0")
+
+
+@functools.cache
+def _gpu_memory_mib(index: str) -> float | None:
+    """nvidia-smi's memory.total of GPU ``index``, asked once a run (every server start needs it)."""
     try:
         out = subprocess.run(["nvidia-smi", "-i", index, "--query-gpu=memory.total", "--format=csv,noheader,nounits"],
                              capture_output=True, text=True, timeout=10).stdout.split()
