@@ -51,17 +51,18 @@ def test_rotation_maps_give_the_loader_the_embeddings_alone(tmp_path: Path) -> N
     rot = choose_rotation(ckpt, None, True)
     embed = ckpt.tensors["model.embed_tokens.weight"]
     with ExitStack() as stack:
-        source = ckpt.open_all(stack)[embed.shard].get_tensor("model.embed_tokens.weight")
+        shards = ckpt.open_all(stack)
+        source = shards[embed.shard].get_tensor("model.embed_tokens.weight")
         write, load = rotation_maps(ckpt, rot, stack, device="cpu")
         writer, loader = write("model.embed_tokens.weight", source), load("model.embed_tokens.weight", source)
         assert set(writer) == {"model.embed_tokens.weight", "lm_head.weight"}
         assert list(loader) == ["model.embed_tokens.weight"]
         assert torch.equal(loader["model.embed_tokens.weight"], writer["model.embed_tokens.weight"])
-        norms = ckpt.open_all(stack)[ckpt.tensors["model.norm.weight"].shard]
+        norms = shards[ckpt.tensors["model.norm.weight"].shard]
         expected = rotate_tensor(rot, "model.embed_tokens.weight", source, norms.get_tensor)
         assert torch.equal(writer["lm_head.weight"], expected["lm_head.weight"])  # E diag(g) Q, the final norm's g
         q = "model.layers.0.self_attn.q_proj.weight"
-        layer = ckpt.open_all(stack)[ckpt.tensors[q].shard].get_tensor(q)
+        layer = shards[ckpt.tensors[q].shard].get_tensor(q)
         assert torch.equal(write(q, layer)[q], load(q, layer)[q])  # a layer: the same for both
         for unrotated in rotation_maps(ckpt, None, stack, device="cpu"):
             assert unrotated("model.embed_tokens.weight", source)["model.embed_tokens.weight"] is source
