@@ -69,9 +69,12 @@ VARIANTS = {
 HEALED = {
     "healed": ("gptq", []),
     "healed-no-rotate": ("gptq-no-rotate", []),
-    # candidates for heal's defaults, chosen on the geometric mean: sampled sequences that start at a random token
-    # (as calibration's), then twice the sequences and twice the main phase's steps
-    "healed-random-first": ("gptq", ["--sample-first", "random"]),
+    # heal's defaults before they were chosen on the geometric mean: 2048 sequences sampled from BOS alone (the
+    # committed H200 runs' "healed" rows)
+    "healed-bos-2048": ("gptq", ["--sample-first", "bos", "--train-samples", "2048"]),
+    # the candidates for the defaults: sequences that start at a random token (as calibration's), then twice the
+    # sequences (heal's defaults since: the same as "healed"), then twice the main phase's steps too
+    "healed-random-first": ("gptq", ["--sample-first", "random", "--train-samples", "2048"]),
     "healed-random-first-4096": ("gptq", ["--sample-first", "random", "--train-samples", "4096"]),
     "healed-random-first-4096-7200": ("gptq", ["--sample-first", "random", "--train-samples", "4096",
                                                "--steps", "7200"]),
@@ -141,6 +144,7 @@ def main() -> int:
     opts = PerplexityOptions(max_windows=args.max_windows)
     result = {"command": " ".join(["benchmarks/quality_domains.py", *sys.argv[1:]]), "model": smollm2.MODEL_NAME,
               "device": args.device, "host": platform.processor() or platform.machine(),
+              "gpu": torch.cuda.get_device_name(torch.device(args.device)) if args.device.startswith("cuda") else None,
               "torch": torch.__version__, "corpora": list(CORPORA),
               "eval": f"the first {opts.max_windows} windows of {opts.seq_len} tokens of each corpus's evaluation half",
               "rows": []}

@@ -129,7 +129,8 @@ QUALITY = (
      "gptq-g64-float-target-3passes"),
     ("GPTQ, two planes, WikiText windows (`--planes 2 --calib wikitext2`)", "ptq_smollm2_h200.json",
      "gptq-2planes-g64"),
-    ("healed, data-free (`trit heal`)", "ptq_smollm2_heal_datafree_h200.json", None),
+    ("healed, data-free (`trit heal` with its defaults then: 2048 sequences sampled from BOS)",
+     "ptq_smollm2_heal_datafree_h200.json", None),
     ("healed on text + sampled (`--data --mix-sampled`)", "ptq_smollm2_heal_mix_h200.json", None),
 )
 
@@ -649,8 +650,10 @@ HEADLINE_DOMAINS = (
     ("two planes, rotated (`--planes 2`), H200", "quality_domains_h200_rotate.json", "gptq-2planes-rotate"),
     ("two planes, not rotated (`--planes 2 --no-rotate --calib-batch 8`)",
      "quality_domains_cpu_2planes_128samples.json", "gptq-2planes"),
-    ("one plane healed, data-free (`trit heal OUT HEALED --teacher MODEL --no-grad-checkpointing`, from the "
-     "default; the run named `--sample-batch 512`, heal's CUDA default since), H200",
+    ("one plane healed, data-free, the default (`trit heal OUT HEALED --teacher MODEL --no-grad-checkpointing`: "
+     "4096 sequences the teacher samples from a random token; from the one-plane default), H100",
+     "quality_domains_h100_heal_defaults.json", "healed-random-first-4096"),
+    ("one plane healed, the default before (`--sample-first bos --train-samples 2048`), H200",
      "quality_domains_h200_rotate.json", "healed"),
     ("W4A8, int4 groups of 64 (`--scheme w4a8 --group-size 64`, rotated: the default)",
      "quality_domains_cpu_w4a8_rotate.json", "w4a8-g64-rotate"),
@@ -682,7 +685,7 @@ def domains_headline() -> str:
         lines.append("| " + " | ".join([label, *_domain_cells(rows[variant], rows["bf16"], corpora), f"`{name}`"]) +
                      " |")
     lines += ["", f"{runs[HEADLINE_DOMAINS[0][1]]['eval'].capitalize()}; SmolLM2-135M-Instruct, quantized and "
-              "scored on one H200 or on this project's 2-core CPU (the run's name says which); each row against the "
+              "scored on one H200, one H100 or this project's 2-core CPU (the run's name says which); each row against the "
               "bf16 row of its own run; every run's command is in its file (`benchmarks/results/`), the rows of each "
               "run in docs/quantization.md."]
     return "\n".join(lines)
@@ -711,7 +714,8 @@ def _domains_run(path: Path) -> str:
     if missing:
         commands += f"not finished in this run (no row): {', '.join(missing)}; "
     lines += ["", (f"{d['note']} " if d.get("note") else "") +
-              f"{d['eval'].capitalize()}; {d['device']} ({d['host']}), torch {d['torch']}; calibration "
+              f"{d['eval'].capitalize()}; {d['device']} ({d.get('gpu') or d['host']}), torch {d['torch']}; "
+              "calibration "
               f"checked disjoint from every evaluation window. {commands}"
               f"`{d['command']}` (`benchmarks/results/{path.name}`)."]
     return "\n".join(lines)

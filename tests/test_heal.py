@@ -290,7 +290,8 @@ def test_heal_refuses_a_float_checkpoint(pair, tmp_path: Path) -> None:
 
 @pytest.mark.parametrize("first", ["bos", "random"])
 def test_sampled_sequences_start_as_told(pair, tmp_path: Path, first: str, monkeypatch: pytest.MonkeyPatch) -> None:
-    """``--sample-first`` reaches the sampler, for the training and held-out sequences alike; BOS alone by default."""
+    """``--sample-first`` reaches the sampler, for the training and held-out sequences alike; a random token by
+    default."""
     from trit import calibrate
 
     teacher, ckpt = pair
@@ -300,7 +301,7 @@ def test_sampled_sequences_start_as_told(pair, tmp_path: Path, first: str, monke
     opts = dataclasses.replace(OPTS, steps=2, eval_every=2, sample_first=first)
     report = heal(ckpt, teacher, tmp_path / "out", opts, progress=False)
     assert seen == [first] and report.train_windows.shape == (OPTS.train_samples, OPTS.seq_len)
-    assert HealOptions().sample_first == "bos"
+    assert HealOptions().sample_first == "random"
 
 
 def test_cli_passes_sample_first(pair, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
@@ -310,9 +311,24 @@ def test_cli_passes_sample_first(pair, tmp_path: Path, monkeypatch: pytest.Monke
     got = []
     monkeypatch.setattr(trit.heal, "heal", lambda ckpt, teacher, out, opts, **kw: got.append(opts.sample_first))
     teacher, ckpt = pair
-    for flags in ([], ["--sample-first", "random"]):
+    for flags in ([], ["--sample-first", "bos"]):
         assert main(["heal", str(ckpt), str(tmp_path / "out"), "--teacher", str(teacher), *flags, "--quiet"]) == 0
-    assert got == ["bos", "random"]
+    assert got == ["random", "bos"]
+
+
+def test_training_sequences_default_to_4096_sampled_and_2048_windows_of_text(tmp_path: Path) -> None:
+    """Data-free heal trains on 4096 sampled sequences (the default chosen across domains); with --data, 2048
+    windows of the text (the text recipe as measured); an explicit count wins either way, on the CLI too."""
+    from trit.cli import heal_options, parser
+
+    assert HealOptions().training_samples() == 4096
+    assert HealOptions(data=tmp_path / "text.txt").training_samples() == 2048
+    assert HealOptions(train_samples=100, data=tmp_path / "text.txt").training_samples() == 100
+
+    def parsed(*flags: str) -> int:
+        return heal_options(parser().parse_args(["heal", "CKPT", "OUT", "--teacher", "T", *flags])).training_samples()
+
+    assert (parsed(), parsed("--data", "text.txt"), parsed("--train-samples", "8")) == (4096, 2048, 8)
 
 
 def test_sample_batch_defaults_to_the_device_and_its_free_memory() -> None:

@@ -283,7 +283,8 @@ def _heal_parser(sub) -> None:
     h.add_argument("--seq-len", type=int, default=d.seq_len, help="tokens a sequence")
     h.add_argument("--data", type=Path, default=None, help="training text (default: sequences the teacher samples)")
     h.add_argument("--train-samples", type=int, default=d.train_samples,
-                   help="training sequences (windows of --data, or sampled by the teacher)")
+                   help="training sequences (default: 4096 sampled by the teacher, chosen on three domains; 2048 "
+                        "windows of --data)")
     h.add_argument("--heldout-samples", type=int, default=d.heldout_samples,
                    help="held-out sequences the best student is chosen on")
     h.add_argument("--mix-sampled", type=int, default=d.mix_sampled, metavar="N",

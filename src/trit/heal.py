@@ -60,13 +60,17 @@ def _is_cuda(device: str | torch.device) -> bool:
 @dataclass(frozen=True)
 class HealOptions:
     # defaults: the best recipe measured on SmolLM2 (text data; benchmarks/results/ptq_smollm2_heal_compiled_long_h200.json,
-    # 401 s compiled on an H200): 600 steps with the codes fixed, then 3600 with everything but the embeddings training
+    # 401 s compiled on an H200): 600 steps with the codes fixed, then 3600 with everything but the embeddings training;
+    # data-free, its 4096 sampled sequences starting at a random token, chosen on the geometric mean over three domains
+    # (benchmarks/results/quality_domains_h100_heal_defaults.json: x4.30 bf16's, against x5.28 with 2048 from BOS)
     steps: int = 3600
     lr: float = 1e-3  # scales and norms (and the latent weights when weight_lr is None)
     batch: int = 16
     seq_len: int = 512
     data: Path | None = None  # training text; None: sequences sampled from the teacher
-    train_samples: int = 2048
+    # training sequences; None: 4096 sampled by the teacher (chosen across domains, above), or 2048 windows of
+    # --data (the text recipe as it was measured)
+    train_samples: int | None = None
     heldout_samples: int = 16
     eval_every: int = 25
     device: str | None = None
@@ -90,8 +94,14 @@ class HealOptions:
     # with data: this many teacher-sampled sequences join the text's training windows; 2048 took SmolLM2 from
     # 86.9 to 70.5 (benchmarks/results/ptq_smollm2_heal_mix_h200.json); off by default: sampling is slow on a CPU
     mix_sampled: int = 0
-    # how each teacher-sampled sequence starts (trit.calibrate.FIRST); BOS alone: the defaults were chosen on those
-    sample_first: str = "bos"
+    # how each teacher-sampled sequence starts (trit.calibrate.FIRST): BOS and a random token, as calibration's
+    sample_first: str = "random"
+
+    def training_samples(self) -> int:
+        """Training sequences: ``train_samples``, else 4096 data-free and 2048 windows of ``data``."""
+        if self.train_samples is not None:
+            return self.train_samples
+        return 4096 if self.data is None else 2048
 
     def sampling_batch(self, device: str, sequence_bytes: int = 0, free_bytes: int | None = None) -> int:
         """Sequences the teacher samples at once on ``device``: ``sample_batch``; by default 64 on the CPU, and on
@@ -213,7 +223,8 @@ def _sequences(teacher, tokenizer, opts: HealOptions, progress: bool = False,
         free = torch.cuda.mem_get_info(torch.device(device))[0] if _is_cuda(device) else None
         return opts.sampling_batch(device, kv_cache_bytes(teacher.config, opts.seq_len), free)
 
-    total = opts.train_samples + opts.heldout_samples
+    samples = opts.training_samples()
+    total = samples + opts.heldout_samples
     if opts.data is not None:
         if not Path(opts.data).is_file():
             raise CheckpointError(opts.data, "no such training text file")
@@ -221,15 +232,15 @@ def _sequences(teacher, tokenizer, opts: HealOptions, progress: bool = False,
         # held-out windows: the text's tail, side by side; a text too short for that is shared in proportion
         cut = ids.numel() - opts.heldout_samples * opts.seq_len
         if cut < opts.seq_len:
-            cut = int(ids.numel() * opts.train_samples / total)
-        train = windows_from_text(ids[:cut], opts.train_samples, opts.seq_len)
+            cut = int(ids.numel() * samples / total)
+        train = windows_from_text(ids[:cut], samples, opts.seq_len)
         if opts.mix_sampled:  # more, other text than the file's; the held-out windows stay the file's
             train = torch.cat([train, sample_from_model(teacher, tokenizer, opts.mix_sampled, opts.seq_len, opts.seed,
                                                         sample_batch(), progress, first=opts.sample_first)])
         return train, windows_from_text(ids[cut:], opts.heldout_samples, opts.seq_len)
     seqs = sample_from_model(teacher, tokenizer, total, opts.seq_len, opts.seed, sample_batch(), progress,
                              first=opts.sample_first)
-    return seqs[: opts.train_samples], seqs[opts.train_samples:]
+    return seqs[:samples], seqs[samples:]
 
 
 @torch.no_grad()
@@ -354,7 +365,7 @@ def _compile_blocks(model: nn.Module) -> None:
 def _check_options(opts: HealOptions) -> None:
     """Counts and rates a run can use, named by their flags; before anything is loaded or written."""
     at_least = {"--steps": (opts.steps, 0), "--scales-first": (opts.scales_first, 0), "--batch": (opts.batch, 1),
-                "--seq-len": (opts.seq_len, 2), "--train-samples": (opts.train_samples, 1),
+                "--seq-len": (opts.seq_len, 2), "--train-samples": (opts.training_samples(), 1),
                 "--heldout-samples": (opts.heldout_samples, 1), "--eval-every": (opts.eval_every, 1),
                 "--sample-batch": (1 if opts.sample_batch is None else opts.sample_batch, 1),
                 "--mix-sampled": (opts.mix_sampled, 0)}
