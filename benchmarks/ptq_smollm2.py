@@ -9,7 +9,10 @@
 Each ``--heal`` adds one healed row: the keys of ``HEAL_KEYS`` override the
 ``--heal-*`` flags (``first=N,first_lr=X``: ``trit heal --scales-first N
 --scales-first-lr X``, two phases in one run); ``from=prev`` starts from the previous ``--heal``'s
-output (a second phase), ``base=VARIANT`` from that quantized variant.
+output (a second phase), ``base=VARIANT`` from that quantized variant;
+``sample_first=bos|random`` is how teacher-sampled sequences start (``bos`` here
+by default, as every committed run sampled them; ``trit heal``'s default is
+``random``).
 ``--work DIR`` keeps every checkpoint made there and reuses a quantized
 variant built by the same command, so runs can be split over several calls.
 
@@ -52,7 +55,7 @@ VARIANTS = {  # name: (method, group, planes, act_order, float_target[, gptq pas
 }
 HEAL_KEYS = {"base": str, "from": str, "steps": int, "lr": float, "weight_lr": float, "batch": int, "seq_len": int,
              "data": str, "samples": int, "freeze": int, "gc": int, "sample_batch": int, "emb": int, "first": int,
-             "first_lr": float, "compile": int, "mix": int}
+             "first_lr": float, "compile": int, "mix": int, "sample_first": str}
 
 
 def heal_specs(args: argparse.Namespace) -> list[dict]:
@@ -60,7 +63,8 @@ def heal_specs(args: argparse.Namespace) -> list[dict]:
     default = {"base": args.heal_base, "from": None, "steps": args.heal_steps, "lr": args.heal_lr, "weight_lr": None,
                "batch": args.heal_batch, "seq_len": 256, "data": args.heal_data, "samples": args.heal_samples,
                "freeze": int(args.heal_freeze_codes), "gc": 1, "sample_batch": 64, "emb": 0, "first": 0,
-               "first_lr": 3e-3, "compile": None, "mix": 0}  # compile None: trit heal's default (on CUDA)
+               "first_lr": 3e-3, "compile": None, "mix": 0,  # compile None: trit heal's default (on CUDA)
+               "sample_first": "bos"}  # how sampled sequences start: BOS alone, as every committed run here sampled
     specs = []
     for text in args.heal or ([""] if "healed" in args.variants.split(",") else []):
         spec = dict(default)
@@ -191,7 +195,7 @@ def main() -> int:
                             train_embeddings=bool(spec["emb"]), scales_first=spec["first"],
                             scales_first_lr=spec["first_lr"],
                             compile=None if spec["compile"] is None else bool(spec["compile"]),
-                            mix_sampled=spec["mix"])
+                            mix_sampled=spec["mix"], sample_first=spec["sample_first"])
         start = time.perf_counter()
         out = work / f"healed-{i}"
         report = heal(ckpt, src, out, hopts, progress=False, overwrite=True)
@@ -204,7 +208,8 @@ def main() -> int:
                     + (f" --scales-first {spec['first']} --scales-first-lr {spec['first_lr']}" if spec["first"] else "")
                     + ("" if spec["gc"] else " --no-grad-checkpointing")
                     + (f" --mix-sampled {spec['mix']}" if spec["mix"] else "")
-                    + (f" --sample-batch {spec['sample_batch']}" if spec["mix"] or spec["data"] != "text" else "")
+                    + (f" --sample-batch {spec['sample_batch']} --sample-first {spec['sample_first']}"
+                       if spec["mix"] or spec["data"] != "text" else "")
                     + (" --compile" if hopts.compiles(args.device) else " --no-compile"))  # what ran
         seconds = (0.0 if prev is None or spec["from"] != "prev" else prev[2]) + time.perf_counter() - start
         record("healed", out, command, seconds, audit(out, values=False).bits_per_weight,

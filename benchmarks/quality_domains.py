@@ -18,8 +18,8 @@ by ``--gsm8k-variants`` are also scored on the first N GSM8K problems, 5-shot,
 through vLLM and lm-eval (``trit eval --gsm8k``'s code), on this machine's vLLM.
 A healed variant (``HEALED``, e.g. ``--variants bf16,healed``) quantizes its
 base variant as above (or reuses it from ``--work``), then runs ``trit heal``
-with its defaults (data-free) but for ``--heal-sample-batch`` and
-``--heal-no-grad-checkpointing`` where given, and checks the heal's training
+with its defaults (data-free) but for the variant's own flags (``HEALED``),
+``--heal-sample-batch`` and ``--heal-no-grad-checkpointing`` where given, and checks the heal's training
 windows against every evaluation window too (its held-out windows, which pick
 the student written, are not checked).
 """

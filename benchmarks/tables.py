@@ -651,7 +651,8 @@ HEADLINE_DOMAINS = (
     ("two planes, not rotated (`--planes 2 --no-rotate --calib-batch 8`)",
      "quality_domains_cpu_2planes_128samples.json", "gptq-2planes"),
     ("one plane healed, data-free, the default (`trit heal OUT HEALED --teacher MODEL --no-grad-checkpointing`: "
-     "4096 sequences the teacher samples from a random token; from the one-plane default), H100",
+     "4096 sequences the teacher samples from BOS and a random token; the run named `--sample-batch 1024`; from "
+     "the one-plane default), H100",
      "quality_domains_h100_heal_defaults.json", "healed-random-first-4096"),
     ("one plane healed, the default before (`--sample-first bos --train-samples 2048`), H200",
      "quality_domains_h200_rotate.json", "healed"),

@@ -81,7 +81,10 @@ def _heal_line() -> str:
     data = json.loads(HEAL_RESULT.read_text())
     rows = {r["variant"]: r for r in data["rows"]}
     healed, bf16 = rows["healed"], rows["bf16"]
-    return (f"{healed['command'].split(';')[-1].strip()}\n  measured on one {data['device']}: perplexity "
+    command = healed["command"].split(";")[-1].strip()
+    if "--mix-sampled" in command and "--sample-first" not in command:
+        command += " --sample-first bos"  # the run predates the flag: its sampled sequences started from BOS alone
+    return (f"{command}\n  measured on one {data['device']}: perplexity "
             f"{healed['perplexity']:.1f}, {healed['perplexity'] / bf16['perplexity']:.2f}x bf16's, at "
             f"{healed['bits_per_weight']:.2f} bits a weight ({HEAL_RESULT.name})")
 

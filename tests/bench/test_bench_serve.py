@@ -140,21 +140,25 @@ def test_a_profiled_start_that_fails_says_so_in_its_profile(tmp_path: Path, monk
 
 
 def test_the_gpu_memory_is_asked_of_nvidia_smi_once_a_gpu(monkeypatch) -> None:
+    """One nvidia-smi call a GPU however many server starts ask; a failed call is asked again; no nvidia-smi at
+    all is not asked for."""
     from trit.bench import serve
 
-    calls = []
+    calls, answers = [], {"0": ["", "81559\n"], "1": ["143771\n"]}
 
     def fake_run(cmd, **kwargs):
-        calls.append(cmd)
-        return subprocess.CompletedProcess(cmd, 0, stdout="81559\n" if cmd[2] == "0" else "143771\n", stderr="")
+        calls.append(cmd[2])
+        return subprocess.CompletedProcess(cmd, 0, stdout=answers[cmd[2]].pop(0), stderr="")
 
-    serve._gpu_memory_mib.cache_clear()
+    monkeypatch.setattr(serve, "_GPU_MEMORY", {})
+    monkeypatch.setattr(serve.shutil, "which", lambda name: "/usr/bin/nvidia-smi")
     monkeypatch.setattr(serve.subprocess, "run", fake_run)
     monkeypatch.delenv("CUDA_VISIBLE_DEVICES", raising=False)
-    try:
-        assert [serve._gpu_total_mib() for _ in range(3)] == [81559.0] * 3
-        monkeypatch.setenv("CUDA_VISIBLE_DEVICES", "1,0")
-        assert serve._gpu_total_mib() == 143771.0
-        assert [c[2] for c in calls] == ["0", "1"]  # one nvidia-smi a GPU, however many server starts ask
-    finally:
-        serve._gpu_memory_mib.cache_clear()
+    assert serve._gpu_total_mib() is None  # an empty answer: not kept
+    assert [serve._gpu_total_mib() for _ in range(3)] == [81559.0] * 3
+    monkeypatch.setenv("CUDA_VISIBLE_DEVICES", "1,0")
+    assert serve._gpu_total_mib() == 143771.0
+    assert calls == ["0", "0", "1"]
+    monkeypatch.setattr(serve, "_GPU_MEMORY", {})
+    monkeypatch.setattr(serve.shutil, "which", lambda name: None)
+    assert serve._gpu_total_mib() is None and calls == ["0", "0", "1"]

@@ -22,6 +22,12 @@ def test_heal_spec_takes_a_first_phase() -> None:
     assert ptq_smollm2.heal_specs(_args("steps=10"))[0]["first"] == 0
 
 
+def test_heal_spec_samples_from_bos_unless_told() -> None:
+    """The committed runs sampled from BOS alone: the script keeps that (trit heal's own default is random since)."""
+    specs = ptq_smollm2.heal_specs(_args("data=teacher", "data=teacher,sample_first=random"))
+    assert [s["sample_first"] for s in specs] == ["bos", "random"]
+
+
 def test_table_names_both_phases_of_one_run() -> None:
     row = {"variant": "healed",
            "command": "trit quantize M O --method gptq --float-target; trit heal IN OUT --teacher MODEL --data CALIB "

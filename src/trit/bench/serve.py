@@ -26,7 +26,6 @@ distribution named ``vllm``); the arguments are those of ``vllm bench serve``.
 from __future__ import annotations
 
 import argparse
-import functools
 import json
 import os
 import platform
@@ -295,15 +294,26 @@ def _gpu_total_mib() -> float | None:
     return _gpu_memory_mib((os.environ.get("CUDA_VISIBLE_DEVICES") or "0").split(",")[0].strip() or "0")
 
 
-@functools.cache
+_GPU_MEMORY: dict[str, float | None] = {}
+
+
 def _gpu_memory_mib(index: str) -> float | None:
-    """nvidia-smi's memory.total of GPU ``index``, asked once a run (every server start needs it)."""
+    """nvidia-smi's memory.total of GPU ``index``, asked once a run (every server start needs it): an answer, or
+    no nvidia-smi at all, is kept; a failed or empty answer is asked again at the next start."""
+    if index in _GPU_MEMORY:
+        return _GPU_MEMORY[index]
+    if shutil.which("nvidia-smi") is None:
+        _GPU_MEMORY[index] = None
+        return None
     try:
         out = subprocess.run(["nvidia-smi", "-i", index, "--query-gpu=memory.total", "--format=csv,noheader,nounits"],
                              capture_output=True, text=True, timeout=10).stdout.split()
-        return float(out[0]) if out else None
+        value = float(out[0]) if out else None
     except (OSError, ValueError, subprocess.SubprocessError):
         return None
+    if value is not None:
+        _GPU_MEMORY[index] = value
+    return value
 
 
 def median_levels(servers: list[dict]) -> dict[tuple[str, str, int], tuple[dict, list[float]]]:
