@@ -686,9 +686,9 @@ def domains_headline() -> str:
         lines.append("| " + " | ".join([label, *_domain_cells(rows[variant], rows["bf16"], corpora), f"`{name}`"]) +
                      " |")
     lines += ["", f"{runs[HEADLINE_DOMAINS[0][1]]['eval'].capitalize()}; SmolLM2-135M-Instruct, quantized and "
-              "scored on one H200, one H100 or this project's 2-core CPU (the run's name says which); each row against the "
-              "bf16 row of its own run; every run's command is in its file (`benchmarks/results/`), the rows of each "
-              "run in docs/quantization.md."]
+              "scored on one H200, one H100 or this project's 2-core CPU (the run's name says which); each row "
+              "against the bf16 row of its own run; every run's command is in its file (`benchmarks/results/`), the "
+              "rows of each run in docs/quantization.md."]
     return "\n".join(lines)
 
 
@@ -716,8 +716,7 @@ def _domains_run(path: Path) -> str:
         commands += f"not finished in this run (no row): {', '.join(missing)}; "
     lines += ["", (f"{d['note']} " if d.get("note") else "") +
               f"{d['eval'].capitalize()}; {d['device']} ({d.get('gpu') or d['host']}), torch {d['torch']}; "
-              "calibration "
-              f"checked disjoint from every evaluation window. {commands}"
+              f"calibration checked disjoint from every evaluation window. {commands}"
               f"`{d['command']}` (`benchmarks/results/{path.name}`)."]
     return "\n".join(lines)
 
