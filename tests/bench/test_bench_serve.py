@@ -139,6 +139,46 @@ def test_a_profiled_start_that_fails_says_so_in_its_profile(tmp_path: Path, monk
     assert last.profile == {"concurrency": 2, "error": f"the profiled start failed: {last.error}"}
 
 
+def test_a_run_cut_short_keeps_its_levels_and_memory_peak(tmp_path: Path, monkeypatch) -> None:
+    from trit.bench import serve
+
+    class UpServer:  # a server that came up; the second level is interrupted (SIGTERM unwinds as Ctrl-C)
+        url, start_seconds = "http://127.0.0.1:1", 1.0
+
+        def __init__(self, *args, **kwargs) -> None:
+            pass
+
+        def __enter__(self):
+            return self
+
+        def __exit__(self, *exc) -> bool:
+            return False
+
+        def log_text(self) -> str:
+            return "KV cache size: 1,234 tokens"
+
+    def client(url, folder, level, *args, **kwargs) -> None:
+        if level.concurrency == 4:
+            raise KeyboardInterrupt
+        level.completed, level.output_tokens_per_s = level.prompts, 50.0
+
+    class Poll(serve._MemoryPoll):
+        def run(self) -> None:
+            self.peak = 777.0
+
+    monkeypatch.setattr(serve, "VllmServer", UpServer)
+    monkeypatch.setattr(serve, "run_client", client)
+    monkeypatch.setattr(serve, "_MemoryPoll", Poll)
+    monkeypatch.setattr(serve, "_gpu_total_mib", lambda: 1000.0)
+    out = tmp_path / "serve.json"
+    with pytest.raises(KeyboardInterrupt):
+        serve.main(["--models", "tiny", "--weights", "trit", "--concurrency", "1,4", "--out", str(out)])
+    (server,) = json.loads(out.read_text())["servers"]
+    assert [lv["concurrency"] for lv in server["levels"]] == [1]
+    assert server["gpu_peak_mib"] == 777.0 and server["kv_cache_tokens"] == 1234
+    assert server["error"].startswith("interrupted")
+
+
 def test_the_gpu_memory_is_asked_of_nvidia_smi_once_a_gpu(monkeypatch) -> None:
     """One nvidia-smi call a GPU however many server starts ask; a failed call is asked again; no nvidia-smi at
     all is not asked for."""

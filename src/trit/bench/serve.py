@@ -207,6 +207,9 @@ def run_server(shape: str, weights: str, args: argparse.Namespace, work: Path, s
         server.error = f"{type(e).__name__}: {e}"
         if profiled and server.profile is None:  # said in the JSON: this was the start to be profiled
             server.profile = {"concurrency": args.profile, "error": f"the profiled start failed: {server.error}"}
+    except KeyboardInterrupt:  # Ctrl-C, or SIGTERM (``timeout``): the JSON keeps what was measured, and says so
+        server.error = "interrupted (Ctrl-C or SIGTERM) before the server's levels were done"
+        raise
     finally:
         memory.stop.set()
         memory.join()
@@ -214,6 +217,7 @@ def run_server(shape: str, weights: str, args: argparse.Namespace, work: Path, s
         text = log_path.read_text(errors="replace") if log_path.is_file() else ""
         _parse_log(text, server)
         server.log_tail = text[-3000:] if server.error else ""
+        save(server)  # the peak and the log's figures, also for a run cut short
     return server
 
 
