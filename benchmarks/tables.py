@@ -18,6 +18,7 @@
     python benchmarks/tables.py decode    # from benchmarks/results/decode/*.json
     python benchmarks/tables.py decode-plots  # the PNGs beside them (needs matplotlib)
     python benchmarks/tables.py serve-budget  # from benchmarks/results/serve-budget/*.json (a small card's budget)
+    python benchmarks/tables.py serve-h100  # from benchmarks/results/serve-h100/*.json (the same runs on an H100)
     python benchmarks/tables.py plan-vllm  # trit plan against the peaks of those runs' trit servers
     python benchmarks/tables.py serve-plot  # benchmarks/results/serve/serve.png from every serve run
     python benchmarks/tables.py --write   # every marked block of README.md and docs/*.md, in place
@@ -529,6 +530,27 @@ def serve_budget() -> str:
     return "\n".join(lines)
 
 
+def serve_h100() -> str:
+    """``trit bench serve`` runs on an H100, each level as measured, with the invocation (file) it ran in."""
+    lines = ["| run | weights | concurrency | output tok/s | TPOT p50 / p99 ms | TTFT p50 ms | KV-cache tokens | "
+             "peak GPU MiB | failed |", "|---|---|---|---|---|---|---|---|---|"]
+    for f in sorted((RESULTS / "serve-h100").glob("*.json")):
+        run = json.loads(f.read_text())
+        for sv in run["servers"]:
+            peak = f"{sv['gpu_peak_mib']:.0f}" if sv.get("gpu_peak_mib") else "-"
+            for lv in sv["levels"]:
+                lines.append(f"| `{f.name}` | {sv['weights']} | {lv['concurrency']} | {lv['output_tokens_per_s']:.0f} | "
+                             f"{lv['tpot_ms']['median']:.2f} / {lv['tpot_ms']['p99']:.2f} | "
+                             f"{lv['ttft_ms']['median']:.0f} | {sv.get('kv_cache_tokens') or '-'} | {peak} | "
+                             f"{lv['failed']} |")
+    run = json.loads(next((RESULTS / "serve-h100").glob("*.json")).read_text())
+    lines += ["", f"vLLM {run['versions'].get('vllm', '?')} OpenAI server as in the table above (the Llama-3-8B "
+              f"shape, dummy weights, {run['input_len']} + {run['output_len']} tokens a request), {run['device']}; "
+              "`benchmarks/results/serve-h100/*.json` hold the commands; peak: `nvidia-smi` (`-`: the run was cut "
+              "short before it was recorded)."]
+    return "\n".join(lines)
+
+
 def _lm_head(run: dict) -> str:
     """The lm_head a ``trit bench serve`` run's trit servers loaded: its recorded ``TRIT_LM_HEAD``, else (unset or
     empty, as the loader takes it) the checkpoint's, which the benchmark's models leave stored."""
@@ -815,7 +837,7 @@ def decode_plots() -> str:
     return "wrote " + ", ".join(str(p) for p in sorted(DECODE.glob("decode_*.png")))
 
 
-TABLES = {"kernels": kernels, "mma": mma, "speedups": speedups, "serving": serving, "serve": serve, "serve-profile": serve_profile, "serve-head": serve_head, "repack": repack, "lm-head": lm_head, "lm-head-speed": lm_head_speed, "layout-scales": layout_scales, "serve-budget": serve_budget, "plan-vllm": plan_vllm, "cpu": cpu, "cpu-models": cpu_models, "domains": domains, "domains-headline": domains_headline,
+TABLES = {"kernels": kernels, "mma": mma, "speedups": speedups, "serving": serving, "serve": serve, "serve-profile": serve_profile, "serve-head": serve_head, "repack": repack, "lm-head": lm_head, "lm-head-speed": lm_head_speed, "layout-scales": layout_scales, "serve-budget": serve_budget, "serve-h100": serve_h100, "plan-vllm": plan_vllm, "cpu": cpu, "cpu-models": cpu_models, "domains": domains, "domains-headline": domains_headline,
           "vllm": vllm, "a8": a8, "ptq": ptq, "quality": quality, "decode": decode, "decode-plots": decode_plots,
           "serve-plot": serve_plot}
 _BLOCK = re.compile(r"(<!-- table:([\w-]+) -->\n)(.*?)(<!-- /table:\2 -->)", re.S)
