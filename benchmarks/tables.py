@@ -539,13 +539,17 @@ def serve_h100() -> str:
         for sv in run["servers"]:
             peak = f"{sv['gpu_peak_mib']:.0f}" if sv.get("gpu_peak_mib") else "-"
             for lv in sv["levels"]:
+                def ms(metric: str, q: str, digits: int, lv=lv) -> str:  # "-" where a failed level has none
+                    v = lv[metric].get(q)
+                    return "-" if v is None else f"{v:.{digits}f}"
+
                 lines.append(f"| `{f.name}` | {sv['weights']} | {lv['concurrency']} | {lv['output_tokens_per_s']:.0f} | "
-                             f"{lv['tpot_ms']['median']:.2f} / {lv['tpot_ms']['p99']:.2f} | "
-                             f"{lv['ttft_ms']['median']:.0f} | {sv.get('kv_cache_tokens') or '-'} | {peak} | "
-                             f"{lv['failed']} |")
-    run = json.loads(next((RESULTS / "serve-h100").glob("*.json")).read_text())
-    lines += ["", f"vLLM {run['versions'].get('vllm', '?')} OpenAI server as in the table above (the Llama-3-8B "
-              f"shape, dummy weights, {run['input_len']} + {run['output_len']} tokens a request), {run['device']}; "
+                             f"{ms('tpot_ms', 'median', 2)} / {ms('tpot_ms', 'p99', 2)} | {ms('ttft_ms', 'median', 0)} | "
+                             f"{sv.get('kv_cache_tokens') or '-'} | {peak} | {lv['failed']} |")
+    run = json.loads(sorted((RESULTS / "serve-h100").glob("*.json"))[0].read_text())
+    lines += ["", f"vLLM {run['versions'].get('vllm', '?')} OpenAI server (multiprocess engine, CUDA graphs), the "
+              f"Llama-3-8B shape with dummy weights, {run['input_len']} + {run['output_len']} tokens a request, "
+              f"vLLM's serving client, {run['device']}; "
               "`benchmarks/results/serve-h100/*.json` hold the commands; peak: `nvidia-smi` (`-`: the run was cut "
               "short before it was recorded)."]
     return "\n".join(lines)

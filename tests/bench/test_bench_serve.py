@@ -175,7 +175,7 @@ def test_a_run_cut_short_keeps_its_levels_and_memory_peak(tmp_path: Path, monkey
         serve.main(["--models", "tiny", "--weights", "trit", "--concurrency", "1,4", "--out", str(out)])
     (server,) = json.loads(out.read_text())["servers"]
     assert [lv["concurrency"] for lv in server["levels"]] == [1]
-    assert server["gpu_peak_mib"] == 777.0 and server["kv_cache_tokens"] == 1234
+    assert server["gpu_peak_mib"] == 777.0  # written after the interrupt, by run_server's own save
     assert server["error"].startswith("interrupted")
 
 

@@ -208,7 +208,9 @@ def run_server(shape: str, weights: str, args: argparse.Namespace, work: Path, s
         if profiled and server.profile is None:  # said in the JSON: this was the start to be profiled
             server.profile = {"concurrency": args.profile, "error": f"the profiled start failed: {server.error}"}
     except KeyboardInterrupt:  # Ctrl-C, or SIGTERM (``timeout``): the JSON keeps what was measured, and says so
-        server.error = "interrupted (Ctrl-C or SIGTERM) before the server's levels were done"
+        server.error = "interrupted (Ctrl-C or SIGTERM)"
+        if profiled and server.profile is None:
+            server.profile = {"concurrency": args.profile, "error": "interrupted before the profile was read"}
         raise
     finally:
         memory.stop.set()
