@@ -411,18 +411,24 @@ def serve_profile() -> str:
     return "\n".join(lines)
 
 
+def _serve_levels(folder: str):
+    """(file, run, server, level) of every ``trit bench serve`` JSON in ``benchmarks/results/<folder>``, by name."""
+    for f in sorted((RESULTS / folder).glob("*.json")):
+        run = json.loads(f.read_text())
+        for sv in run["servers"]:
+            for lv in sv["levels"]:
+                yield f, run, sv, lv
+
+
 def serve_head() -> str:
     """``trit bench serve`` runs of one session with and without ``TRIT_LM_HEAD=int8``: each server's levels."""
     lines = ["| run | model | weights | lm_head | weights GiB | KV-cache tokens | concurrency | output tok/s | "
              "TPOT p50 / p99 ms |", "|---|---|---|---|---|---|---|---|---|"]
-    for f in sorted((RESULTS / "serve-int8-head").glob("*.json")):
-        run = json.loads(f.read_text())
-        for sv in run["servers"]:
-            head = _lm_head(run) if sv["weights"] == "trit" else "bf16"
-            for lv in sv["levels"]:
-                lines.append(f"| `{f.name}` | {sv['model']} | {sv['weights']} | {head} | {sv['weights_gib']:.2f} | "
-                             f"{sv['kv_cache_tokens']} | {lv['concurrency']} | {lv['output_tokens_per_s']:.0f} | "
-                             f"{lv['tpot_ms']['median']:.2f} / {lv['tpot_ms']['p99']:.2f} |")
+    for f, run, sv, lv in _serve_levels("serve-int8-head"):
+        head = _lm_head(run) if sv["weights"] == "trit" else "bf16"
+        lines.append(f"| `{f.name}` | {sv['model']} | {sv['weights']} | {head} | {sv['weights_gib']:.2f} | "
+                     f"{sv['kv_cache_tokens']} | {lv['concurrency']} | {lv['output_tokens_per_s']:.0f} | "
+                     f"{lv['tpot_ms']['median']:.2f} / {lv['tpot_ms']['p99']:.2f} |")
     lines += ["", "vLLM 0.25.1's OpenAI server on one H200, random prompts of 512 tokens, 256 output tokens; the two "
               "runs one after the other on one machine; each JSON holds its command and the `TRIT_*` variables it ran "
               "with."]
@@ -534,18 +540,16 @@ def serve_h100() -> str:
     """``trit bench serve`` runs on an H100, each level as measured, with the invocation (file) it ran in."""
     lines = ["| run | weights | concurrency | output tok/s | TPOT p50 / p99 ms | TTFT p50 ms | KV-cache tokens | "
              "peak GPU MiB | failed |", "|---|---|---|---|---|---|---|---|---|"]
-    for f in sorted((RESULTS / "serve-h100").glob("*.json")):
-        run = json.loads(f.read_text())
-        for sv in run["servers"]:
-            peak = f"{sv['gpu_peak_mib']:.0f}" if sv.get("gpu_peak_mib") else "-"
-            for lv in sv["levels"]:
-                def ms(metric: str, q: str, digits: int, lv=lv) -> str:  # "-" where a failed level has none
-                    v = lv[metric].get(q)
-                    return "-" if v is None else f"{v:.{digits}f}"
+    for f, _, sv, lv in _serve_levels("serve-h100"):
+        peak = f"{sv['gpu_peak_mib']:.0f}" if sv.get("gpu_peak_mib") else "-"
 
-                lines.append(f"| `{f.name}` | {sv['weights']} | {lv['concurrency']} | {lv['output_tokens_per_s']:.0f} | "
-                             f"{ms('tpot_ms', 'median', 2)} / {ms('tpot_ms', 'p99', 2)} | {ms('ttft_ms', 'median', 0)} | "
-                             f"{sv.get('kv_cache_tokens') or '-'} | {peak} | {lv['failed']} |")
+        def ms(metric: str, q: str, digits: int, lv=lv) -> str:  # "-" where a failed level has none
+            v = lv[metric].get(q)
+            return "-" if v is None else f"{v:.{digits}f}"
+
+        lines.append(f"| `{f.name}` | {sv['weights']} | {lv['concurrency']} | {lv['output_tokens_per_s']:.0f} | "
+                     f"{ms('tpot_ms', 'median', 2)} / {ms('tpot_ms', 'p99', 2)} | {ms('ttft_ms', 'median', 0)} | "
+                     f"{sv.get('kv_cache_tokens') or '-'} | {peak} | {lv['failed']} |")
     run = json.loads(sorted((RESULTS / "serve-h100").glob("*.json"))[0].read_text())
     lines += ["", f"vLLM {run['versions'].get('vllm', '?')} OpenAI server (multiprocess engine, CUDA graphs), the "
               f"Llama-3-8B shape with dummy weights, {run['input_len']} + {run['output_len']} tokens a request, "
