@@ -411,6 +411,11 @@ def serve_profile() -> str:
     return "\n".join(lines)
 
 
+def _or_dash(value: float | None, spec: str) -> str:
+    """``value`` formatted, or "-" where a run has none (a failed level's latencies)."""
+    return "-" if value is None else format(value, spec)
+
+
 def _serve_levels(folder: str):
     """(file, run, server, level) of every ``trit bench serve`` JSON in ``benchmarks/results/<folder>``, by name."""
     for f in sorted((RESULTS / folder).glob("*.json")):
@@ -542,14 +547,11 @@ def serve_h100() -> str:
              "peak GPU MiB | failed |", "|---|---|---|---|---|---|---|---|---|"]
     for f, _, sv, lv in _serve_levels("serve-h100"):
         peak = f"{sv['gpu_peak_mib']:.0f}" if sv.get("gpu_peak_mib") else "-"
-
-        def ms(metric: str, q: str, digits: int, lv=lv) -> str:  # "-" where a failed level has none
-            v = lv[metric].get(q)
-            return "-" if v is None else f"{v:.{digits}f}"
-
+        tpot, ttft = lv["tpot_ms"], lv["ttft_ms"]
         lines.append(f"| `{f.name}` | {sv['weights']} | {lv['concurrency']} | {lv['output_tokens_per_s']:.0f} | "
-                     f"{ms('tpot_ms', 'median', 2)} / {ms('tpot_ms', 'p99', 2)} | {ms('ttft_ms', 'median', 0)} | "
-                     f"{sv.get('kv_cache_tokens') or '-'} | {peak} | {lv['failed']} |")
+                     f"{_or_dash(tpot.get('median'), '.2f')} / {_or_dash(tpot.get('p99'), '.2f')} | "
+                     f"{_or_dash(ttft.get('median'), '.0f')} | {sv.get('kv_cache_tokens') or '-'} | {peak} | "
+                     f"{lv['failed']} |")
     run = json.loads(sorted((RESULTS / "serve-h100").glob("*.json"))[0].read_text())
     lines += ["", f"vLLM {run['versions'].get('vllm', '?')} OpenAI server (multiprocess engine, CUDA graphs), the "
               f"Llama-3-8B shape with dummy weights, {run['input_len']} + {run['output_len']} tokens a request, "

