@@ -197,7 +197,7 @@ def _tune_tiled(x: torch.Tensor, reps: list, key: str) -> dict:
           if cwgmma.TUNE_MIN_M <= m <= cmma.TUNE_MAX_M and cwgmma.supported(x.device) is None else [])
     nvrtc.precompile(cwgmma.source(), [cwgmma.kernel_name(c, GROUP) for c in wg], arch_suffix="a")
     im = cimma.configs_for(reps[0], sm_count()) if m <= cimma.MAX_M else []
-    nvrtc.precompile(cimma.source(), [n for c in im for n in cimma.kernel_names(cimma.token_tiles(m), c, GROUP)])
+    nvrtc.precompile(cimma.source(), [cimma.kernel_name(cimma.token_tiles(m), c, GROUP) for c in im])
     # the mma kernel over its whole search space wherever it is timed: at M <= 4 it once ran at its heuristic config
     # only, which favoured the kernels tuned beside it (the GEMV, the int8 GEMV)
     mm = cmma.configs_for(m, reps[0], sm_count()) if m <= cmma.TUNE_MAX_M else []
@@ -210,24 +210,9 @@ def _tune_tiled(x: torch.Tensor, reps: list, key: str) -> dict:
     ):
         if not cands:
             continue
-        def calls(cfg, run=run):
-            return [lambda r=r: run(x, r, cfg) for r in reps]
-
-        if name == "cuda_imma":  # rounding once a block against once a call (``pre`` 1, 2): each one's best kept
-            halves = {}
-            for pre in (0, 1, 2):
-                try:
-                    halves[pre] = tuning.tune(calls, [c for c in cands if c.pre == pre])
-                except RuntimeError:  # no config of this half ran
-                    continue
-            if not halves:
-                continue
-            best, us = min(halves.values(), key=lambda h: h[1])
-            extra = {"us_by_pre": {str(pre): h[1] for pre, h in halves.items()}}
-        else:
-            (best, us), extra = tuning.tune(calls, cands), {}
+        best, us = tuning.tune(lambda cfg, run=run: [lambda r=r: run(x, r, cfg) for r in reps], cands)
         tuning.remember(name, key, best, persist=False)
-        out[name] = {"config": asdict(best), "us": us, **extra}
+        out[name] = {"config": asdict(best), "us": us}
     if 16 <= m <= cmma.TUNE_MAX_M:  # where the mma kernel may hand over to dequantize + cuBLAS: both timed
         out["cuda_dequant_cublas"] = {"us": tuning.graph_time_us(
             [lambda r=r: torch.nn.functional.linear(x, cgemv.dequantize(r)) for r in reps])}

@@ -111,11 +111,10 @@ def check_x(x: torch.Tensor, r: mma.MmaWeights, kernel: str) -> torch.Tensor:
 
 
 def launch(source: str, name: str, smem_for, x: torch.Tensor, r: mma.MmaWeights, splits: int, block_tiles: int,
-           warps: int, x_arg: torch.Tensor | None = None) -> torch.Tensor:
+           warps: int) -> torch.Tensor:
     """Run a few-token kernel of this layout (``trit_gemv``, ``trit_imma``: the same arguments) on ``x`` from
     :func:`check_x`: row blocks of ``block_tiles`` tiles x K splits, each split's rounded activations in shared
-    memory (``smem_for(steps)``; a very long K takes more splits, each rounding less). ``x_arg``: what the kernel
-    is given in place of ``x`` (``trit_imma``'s records, made once a call)."""
+    memory (``smem_for(steps)``; a very long K takes more splits, each rounding less)."""
     from trit.kernels.cuda import nvrtc
 
     per, splits = split_steps(r.k_steps, splits)
@@ -124,7 +123,7 @@ def launch(source: str, name: str, smem_for, x: torch.Tensor, r: mma.MmaWeights,
         per, splits = split_steps(r.k_steps, 2 * splits)
     smem = smem_for(per)
     kern = nvrtc.load(source, name, smem=smem)
-    return mma.launch(kern, x, r, -(-r.row_tiles // block_tiles), per, splits, 1, warps, smem, x_arg)
+    return mma.launch(kern, x, r, -(-r.row_tiles // block_tiles), per, splits, 1, warps, smem)
 
 
 def linear(x: torch.Tensor, r: mma.MmaWeights, config: GemvConfig | None = None) -> torch.Tensor:

@@ -10,9 +10,7 @@
 // b0 for k >> 1 = 0, b1 for 1. xi = 256 hi + lo with hi in [-128, 128) and lo in [0, 256), so the codes
 // (u8) meet the high bytes (s8) and the low bytes (u8) in two MMAs, and 256 * hi_sum + lo_sum is the exact
 // integer sum. A block rounds its share of the activations into shared memory once, each record ordered so
-// that one 16-byte load gives a lane its hi b0, hi b1, lo b0, lo b1; or (PRE) a first launch, trit_imma_round,
-// rounds every step once a call, and each block copies its share of those records instead: the rounding then
-// costs the call once, not once a row block, which is what grows with M.
+// that one 16-byte load gives a lane its hi b0, hi b1, lo b0, lo b1.
 //
 // Eight tokens fill an MMA's B operand, so every M up to 8 NTT costs the same decoding and loads (the rounding grows with M): a 32-bit
 // word, four logic ops and three shifts for 16 weights, and 2 NTT MMAs. Codes and scales go through a ring of
@@ -41,93 +39,23 @@ __device__ __forceinline__ void cp_async4(u32 dst, const void* src) {
     asm volatile("cp.async.ca.shared.global [%0], [%1], 4;" ::"r"(dst), "l"(src));
 }
 
-// A step's record of rounded activations for NTT tiles of 8 tokens and scale groups of GS inputs: [4 words][MG
-// tokens][4 t] x 16 B (hi b0, hi b1, lo b0, lo b1) | inv [MG] | the unit sums [UPS][MG] (sum xi * inv), f32,
-// padded to 16 bytes.
-template <int NTT, int GS>
-struct ImmaRecord {
-    static constexpr int MG = 8 * NTT;
-    static constexpr int U = GS == 0 ? 4 : GS / 32;  // words a unit: a scale group, or a step when groups are larger
-    static constexpr int UPS = 4 / U;                 // units a step
-    static constexpr int XI_OFF = 256 * MG, XU_OFF = XI_OFF + 4 * MG;
-    static constexpr int SB = (XU_OFF + 4 * UPS * MG + 15) / 16 * 16;
-};
-
-// Round steps s0 .. s0 + nsteps - 1 of the M tokens into records at ``smem`` (record i for step s0 + i): a warp a
-// (step, token) of the NW, four inputs a lane, the jobs spread over the warps, QB jobs' loads at once. Tokens past
-// M are left unwritten: an MMA's token columns are independent, and theirs are never stored.
-template <int NTT, int GS, int NW>
-__device__ __forceinline__ void imma_round(const u16* __restrict__ x, unsigned char* smem, int s0, int nsteps, int M,
-                                           int K) {
-    using R = ImmaRecord<NTT, GS>;
-    const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
-    const int mm = min(M, R::MG), jobs = nsteps * mm;
-    for (int first = warp; first < jobs; first += QB * NW) {
-        uint2 raw[QB];
-#pragma unroll
-        for (int q = 0; q < QB; ++q) {
-            const int job = first + q * NW;
-            raw[q] = job < jobs ? load_x4(x, job % mm, M, K, (s0 + job / mm) * 128 + 4 * lane) : make_uint2(0u, 0u);
-        }
-#pragma unroll
-        for (int q = 0; q < QB; ++q) {
-            const int job = first + q * NW;
-            if (job >= jobs) break;
-            const int i = job / mm, m = job % mm;
-            unsigned char* rec = smem + i * R::SB;
-            float v[4], up, inv;
-            step_scale(raw[q], v, up, inv);
-            int part = 0;
-#pragma unroll
-            for (int vv = 0; vv < 4; ++vv) {
-                const int xi = __float2int_rn(v[vv] * up);
-                part += xi;
-                const int c = 4 * lane + vv, j = c >> 5, c32 = c & 31, rem = c32 & 15;
-                const int b = (c32 >> 4) | ((rem & 1) << 1), tq = (rem >> 1) & 3, h = rem >> 3;
-                unsigned char* p = rec + ((j * R::MG + m) * 4 + tq) * 16 + h * 4 + b;
-                p[0] = (unsigned char)(xi >> 8);    // hi: an s8
-                p[8] = (unsigned char)(xi & 0xFF);  // lo: a u8
-            }
-#pragma unroll
-            for (int o = 1; o < 8 * R::U; o <<= 1) part += __shfl_xor_sync(0xFFFFFFFFu, part, o);
-            if (lane % (8 * R::U) == 0)
-                reinterpret_cast<float*>(rec + R::XU_OFF)[(lane / (8 * R::U)) * R::MG + m] = (float)part * inv;
-            if (lane == 0) reinterpret_cast<float*>(rec + R::XI_OFF)[m] = inv;
-        }
-    }
-}
-
-// The records of every step, once a call, for trit_imma<..., PRE = true>: block b rounds step b in shared memory
-// (imma_round, NW warps) and writes its record to rec + b * SB with 16-byte stores.
-template <int NTT, int GS, int NW>
-__global__ void __launch_bounds__(NW * 32) trit_imma_round(const u16* __restrict__ x, unsigned char* __restrict__ rec,
-                                                       int M, int K) {
-    using R = ImmaRecord<NTT, GS>;
-    extern __shared__ __align__(16) unsigned char smem[];
-    imma_round<NTT, GS, NW>(x, smem, blockIdx.x, 1, M, K);
-    __syncthreads();
-    for (int o = threadIdx.x * 16; o < R::SB; o += NW * 32 * 16)
-        *reinterpret_cast<U4*>(rec + (long)blockIdx.x * R::SB + o) = *reinterpret_cast<const U4*>(smem + o);
-}
-
 // NTT: tiles of 8 tokens (M <= 8 NTT); RT: 16-row tiles a warp; GS: inputs a scale (32, 64, 128; 0 = one scale
-// a row); NW: warps a block (they share the rounded activations); ST: stages of codes in the cp.async ring; XS:
-// where the records come from: 0, the block rounds its split's share into shared memory; 1 and 2, ``x`` is not
-// the activations but their records, made once a call by trit_imma_round, which the block copies into shared
-// memory (1, cp.async) or each lane reads from global memory (2, through L1) as it needs them, so that the
-// block's shared memory is the ring alone and several blocks fit an SM.
-template <int NTT, int RT, int GS, int NW, int ST, int XS = 0>
+// a row); NW: warps a block (they share the rounded activations); ST: stages of codes in the cp.async ring.
+template <int NTT, int RT, int GS, int NW, int ST>
 __global__ void __launch_bounds__(NW * 32) trit_imma(const U4* __restrict__ wq, const u32* __restrict__ sc,
                                                  const u16* __restrict__ x, u16* __restrict__ y,
                                                  float* __restrict__ ws, int* __restrict__ locks, int M, int N,
                                                  int K, int KS, int GP, int steps_per_split, int splits) {
-    using R = ImmaRecord<NTT, GS>;
-    constexpr int MG = R::MG, U = R::U, UPS = R::UPS, XI_OFF = R::XI_OFF, XU_OFF = R::XU_OFF, SB = R::SB;
-    constexpr int NSC = GS == 0 ? 0 : UPS;  // scale words a step and row tile
-    // shared memory: steps_per_split records (ImmaRecord; none with XS = 2), then the ring: codes [ST][RT][NW * 32]
-    // x 16 B, then scales [ST][RT][NSC][NW * 32] x 4 B
+    constexpr int MG = 8 * NTT;
+    constexpr int U = GS == 0 ? 4 : GS / 32;  // words a unit: a scale group, or a step when groups are larger
+    constexpr int UPS = 4 / U;                 // units a step
+    constexpr int NSC = GS == 0 ? 0 : UPS;     // scale words a step and row tile
+    // shared memory: a record a step, [4 words][MG tokens][4 t] x 16 B (hi b0, hi b1, lo b0, lo b1) | inv [MG] |
+    // the unit sums [UPS][MG] (sum xi * inv), f32, padded to 16 bytes; after steps_per_split records, the ring:
+    // codes [ST][RT][NW * 32] x 16 B, then scales [ST][RT][NSC][NW * 32] x 4 B
+    constexpr int XI_OFF = 256 * MG, XU_OFF = XI_OFF + 4 * MG;
+    constexpr int SB = (XU_OFF + 4 * UPS * MG + 15) / 16 * 16;
     constexpr int WSLOT = NW * 32 * 16, SSLOT = NW * 32 * 4;
-    constexpr bool PRE = XS != 0;
     extern __shared__ __align__(16) unsigned char smem[];
 
     const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
@@ -137,10 +65,8 @@ __global__ void __launch_bounds__(NW * 32) trit_imma(const U4* __restrict__ wq, 
     const int s1 = min(KS, s0 + steps_per_split);
     const int nsteps = s1 - s0;
     const u32 base = (u32)__cvta_generic_to_shared(smem);
-    const int rec_bytes = XS == 2 ? 0 : steps_per_split * SB;
-    const u32 ring_w = base + rec_bytes + threadIdx.x * 16;
-    const u32 ring_s = base + rec_bytes + ST * RT * WSLOT + threadIdx.x * 4;
-    const unsigned char* recg = reinterpret_cast<const unsigned char*>(x) + (long)s0 * SB;  // XS = 2
+    const u32 ring_w = base + steps_per_split * SB + threadIdx.x * 16;
+    const u32 ring_s = base + steps_per_split * SB + ST * RT * WSLOT + threadIdx.x * 4;
 
     // 1. The first ST - 1 steps of codes and scales in flight (a group a step, empty past the split's end).
     const int tile0 = (blockIdx.x * NW + warp) * RT;
@@ -168,18 +94,46 @@ __global__ void __launch_bounds__(NW * 32) trit_imma(const U4* __restrict__ wq, 
         }
         cp_async_commit();
     };
-    if (XS == 1) {  // the split's records, one cp.async group ahead of the ring's
-        const unsigned char* src = reinterpret_cast<const unsigned char*>(x) + (long)s0 * SB;
-        for (int o = threadIdx.x * 16; o < nsteps * SB; o += NW * 32 * 16) cp_async16(base + o, src + o, 16);
-        cp_async_commit();
-    }
 #pragma unroll
     for (int p = 0; p < ST - 1; ++p) fill_slot(p, p);
 
-    // 2. This block's share of the activations rounded into records (PRE: copied, and waited for here).
-    if (XS == 1) cp_async_wait<ST - 1>();
-    if (!PRE) imma_round<NTT, GS, NW>(x, smem, s0, nsteps, M, K);
-    if (XS != 2) __syncthreads();
+    // 2. Round this block's share of the activations: a warp a (step, token), four inputs a lane, the jobs of the
+    // M tokens spread over the warps, QB jobs' loads at once. Tokens past M are left unwritten: an MMA's token
+    // columns are independent, and theirs are never stored.
+    const int mm = min(M, MG), jobs = nsteps * mm;
+    for (int first = warp; first < jobs; first += QB * NW) {
+        uint2 raw[QB];
+#pragma unroll
+        for (int q = 0; q < QB; ++q) {
+            const int job = first + q * NW;
+            raw[q] = job < jobs ? load_x4(x, job % mm, M, K, (s0 + job / mm) * 128 + 4 * lane) : make_uint2(0u, 0u);
+        }
+#pragma unroll
+        for (int q = 0; q < QB; ++q) {
+            const int job = first + q * NW;
+            if (job >= jobs) break;
+            const int i = job / mm, m = job % mm;
+            unsigned char* rec = smem + i * SB;
+            float v[4], up, inv;
+            step_scale(raw[q], v, up, inv);
+            int part = 0;
+#pragma unroll
+            for (int vv = 0; vv < 4; ++vv) {
+                const int xi = __float2int_rn(v[vv] * up);
+                part += xi;
+                const int c = 4 * lane + vv, j = c >> 5, c32 = c & 31, rem = c32 & 15;
+                const int b = (c32 >> 4) | ((rem & 1) << 1), tq = (rem >> 1) & 3, h = rem >> 3;
+                unsigned char* p = rec + ((j * MG + m) * 4 + tq) * 16 + h * 4 + b;
+                p[0] = (unsigned char)(xi >> 8);    // hi: an s8
+                p[8] = (unsigned char)(xi & 0xFF);  // lo: a u8
+            }
+#pragma unroll
+            for (int o = 1; o < 8 * U; o <<= 1) part += __shfl_xor_sync(0xFFFFFFFFu, part, o);
+            if (lane % (8 * U) == 0) reinterpret_cast<float*>(rec + XU_OFF)[(lane / (8 * U)) * MG + m] = (float)part * inv;
+            if (lane == 0) reinterpret_cast<float*>(rec + XI_OFF)[m] = inv;
+        }
+    }
+    __syncthreads();
 
     // 3. A step at a time: fill the stage the step before consumed, wait for this step's, then a word at a time
     // four A registers, two MMAs a token tile, and at a unit's end the integer sums to floats.
@@ -200,21 +154,11 @@ __global__ void __launch_bounds__(NW * 32) trit_imma(const U4* __restrict__ wq, 
 #pragma unroll
         for (int r = 0; r < RT; ++r) wv[r] = lds128(ring_w + (slot * RT + r) * WSLOT);
         int ihi[RT][NTT][4], ilo[RT][NTT][4];
-        U4 Bg[XS == 2 ? 4 : 1][NTT];  // XS = 2: the step's B fragments, all loads issued before the first MMA
-        if (XS == 2) {
-#pragma unroll
-            for (int j = 0; j < 4; ++j)
-#pragma unroll
-                for (int nt = 0; nt < NTT; ++nt)
-                    Bg[j][nt] = ldg128(reinterpret_cast<const U4*>(recg + (long)i * SB +
-                                                                   ((j * MG + nt * 8 + g) * 4 + t) * 16));
-        }
 #pragma unroll
         for (int j = 0; j < 4; ++j) {
             U4 B[NTT];
 #pragma unroll
-            for (int nt = 0; nt < NTT; ++nt)
-                B[nt] = XS == 2 ? Bg[XS == 2 ? j : 0][nt] : lds128(rec + ((j * MG + nt * 8 + g) * 4 + t) * 16);
+            for (int nt = 0; nt < NTT; ++nt) B[nt] = lds128(rec + ((j * MG + nt * 8 + g) * 4 + t) * 16);
 #pragma unroll
             for (int r = 0; r < RT; ++r) {
                 const u32 w = j == 0 ? wv[r].x : j == 1 ? wv[r].y : j == 2 ? wv[r].z : wv[r].w;
@@ -235,16 +179,9 @@ __global__ void __launch_bounds__(NW * 32) trit_imma(const U4* __restrict__ wq, 
 #pragma unroll
                 for (int nt = 0; nt < NTT; ++nt) {
                     const int m0 = nt * 8 + 2 * t;
-                    float inv0, inv1, xo0, xo1;
-                    if (XS == 2) {
-                        const float* f = reinterpret_cast<const float*>(recg + (long)i * SB);
-                        inv0 = __ldg(f + XI_OFF / 4 + m0), inv1 = __ldg(f + XI_OFF / 4 + m0 + 1);
-                        xo0 = __ldg(f + XU_OFF / 4 + u * MG + m0), xo1 = __ldg(f + XU_OFF / 4 + u * MG + m0 + 1);
-                    } else {
-                        inv0 = lds32f(rec + XI_OFF + m0 * 4), inv1 = lds32f(rec + XI_OFF + m0 * 4 + 4);
-                        xo0 = lds32f(rec + XU_OFF + (u * MG + m0) * 4);
-                        xo1 = lds32f(rec + XU_OFF + (u * MG + m0) * 4 + 4);
-                    }
+                    const float inv0 = lds32f(rec + XI_OFF + m0 * 4), inv1 = lds32f(rec + XI_OFF + m0 * 4 + 4);
+                    const float xo0 = lds32f(rec + XU_OFF + (u * MG + m0) * 4);
+                    const float xo1 = lds32f(rec + XU_OFF + (u * MG + m0) * 4 + 4);
 #pragma unroll
                     for (int r = 0; r < RT; ++r) {
                         const u32 sw = GS == 0 ? 0u : lds32(ring_s + ((slot * RT + r) * NSC + u) * SSLOT);

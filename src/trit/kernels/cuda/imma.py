@@ -37,21 +37,14 @@ def source() -> str:
     return SOURCE_FILE.with_name("common.cuh").read_text() + "\n" + SOURCE_FILE.read_text()
 
 
-ROUND_WARPS = 4  # warps a block of trit_imma_round (a block a step)
-
-
 @dataclass(frozen=True)
 class ImmaConfig:
-    """``rt`` row tiles of 16 a warp, ``splits`` of K, ``warps`` a block, ``stages`` of codes in the cp.async ring;
-    ``pre``: 0, each block rounds its share of the activations itself; 1 and 2, a first launch
-    (``trit_imma_round``) rounds them once a call, and each block copies its share of the records into shared
-    memory (1) or each lane reads them from global memory as it needs them (2: no records in shared memory)."""
+    """``rt`` row tiles of 16 a warp, ``splits`` of K, ``warps`` a block, ``stages`` of codes in the cp.async ring."""
 
     rt: int = 2
     splits: int = 1
     warps: int = 4
     stages: int = 4
-    pre: int = 0
 
 
 def token_tiles(m: int) -> int:
@@ -68,27 +61,14 @@ def record_bytes(tt: int, group_size: int) -> int:
 
 
 def smem_bytes(tt: int, cfg: ImmaConfig, steps: int, group_size: int) -> int:
-    """``steps`` records (none when each lane reads them from global memory, ``pre`` 2), then the ring: ``stages``
-    x row tiles x (16 bytes of codes + a scale word a unit) a lane."""
+    """``steps`` records, then the ring: ``stages`` x row tiles x (16 bytes of codes + a scale word a unit) a lane."""
     scales = 0 if group_size == fmt.PER_ROW else gemv.units(group_size)
-    records = 0 if cfg.pre == 2 else steps * record_bytes(tt, group_size)
-    return records + cfg.stages * cfg.rt * cfg.warps * 32 * (16 + 4 * scales)
+    return steps * record_bytes(tt, group_size) + cfg.stages * cfg.rt * cfg.warps * 32 * (16 + 4 * scales)
 
 
 def kernel_name(tt: int, cfg: ImmaConfig, group_size: int) -> str:
     gs = 0 if group_size == fmt.PER_ROW else group_size
-    return f"trit_imma<{tt}, {cfg.rt}, {gs}, {cfg.warps}, {cfg.stages}{f', {int(cfg.pre)}' if cfg.pre else ''}>"
-
-
-def round_kernel_name(tt: int, group_size: int) -> str:
-    gs = 0 if group_size == fmt.PER_ROW else group_size
-    return f"trit_imma_round<{tt}, {gs}, {ROUND_WARPS}>"
-
-
-def kernel_names(tt: int, cfg: ImmaConfig, group_size: int) -> list[str]:
-    """The kernels a call with ``cfg`` launches (to compile ahead)."""
-    first = [round_kernel_name(tt, group_size)] if cfg.pre else []
-    return first + [kernel_name(tt, cfg, group_size)]
+    return f"trit_imma<{tt}, {cfg.rt}, {gs}, {cfg.warps}, {cfg.stages}>"
 
 
 def heuristic(m: int, row_tiles: int, k_steps: int, sms: int) -> ImmaConfig:
@@ -116,32 +96,13 @@ def fit_shared_memory(tt: int, cfg: ImmaConfig, group_size: int, limit: int) -> 
 
 
 def configs_for(r: mma.MmaWeights, sms: int) -> list[ImmaConfig]:
-    """The search space of tuning (``trit bench kernels``) for layer ``r``; with the records in global memory
-    (``pre`` 2) a block's shared memory is the ring alone, so deeper rings (12 stages) are tried too."""
+    """The search space of tuning (``trit bench kernels``) for layer ``r``."""
     out = []
-    for pre in (0, 1, 2):
-        for rt in (1, 2):
-            for warps in (4, 8):
-                for stages in (4, 8, 12) if pre == 2 else (4, 8):
-                    out += [ImmaConfig(rt, splits, warps, stages, pre)
-                            for splits in gemv.split_choices(r, warps * rt, sms)]
+    for rt in (1, 2):
+        for warps in (4, 8):
+            for stages in (4, 8):
+                out += [ImmaConfig(rt, splits, warps, stages) for splits in gemv.split_choices(r, warps * rt, sms)]
     return out
-
-
-def round_records(x: torch.Tensor, r: mma.MmaWeights, tt: int) -> torch.Tensor:
-    """``trit_imma_round``: every step's record of ``x`` (checked by :func:`gemv.check_x`), ``k_steps`` x
-    :func:`record_bytes` bytes on its GPU, a block a step."""
-    import ctypes
-
-    from trit.kernels.cuda import nvrtc
-
-    sb = record_bytes(tt, r.group_size)
-    rec = torch.empty(r.k_steps * sb, dtype=torch.uint8, device=x.device)
-    kern = nvrtc.load(source(), round_kernel_name(tt, r.group_size), smem=sb)
-    args = [ctypes.c_void_p(x.data_ptr()), ctypes.c_void_p(rec.data_ptr()), ctypes.c_int(x.shape[0]),
-            ctypes.c_int(r.k)]
-    kern.launch((r.k_steps, 1, 1), ROUND_WARPS * 32, sb, args)
-    return rec
 
 
 def linear(x: torch.Tensor, r: mma.MmaWeights, config: ImmaConfig | None = None) -> torch.Tensor:
@@ -152,10 +113,9 @@ def linear(x: torch.Tensor, r: mma.MmaWeights, config: ImmaConfig | None = None)
     tt = token_tiles(x.shape[0])
     cfg = config or heuristic(x.shape[0], r.row_tiles, r.k_steps, sm_count())
     cfg = fit_shared_memory(tt, cfg, r.group_size, min(gemv.MAX_SMEM, mma.max_smem(x.device) - 1024))
-    records = round_records(x, r, tt) if cfg.pre else None
     return gemv.launch(source(), kernel_name(tt, cfg, r.group_size),
                        lambda per: smem_bytes(tt, cfg, per, r.group_size), x, r, cfg.splits, cfg.warps * cfg.rt,
-                       cfg.warps, x_arg=records)
+                       cfg.warps)
 
 
 def record_offsets(tt: int) -> torch.Tensor:

@@ -322,17 +322,16 @@ def run_gemm(kern, x: torch.Tensor, r: MmaWeights, warps: int, rt: int, ki: int,
 
 
 def launch(kern, x: torch.Tensor, r: MmaWeights, blocks: int, per_split: int, splits: int, slices: int, warps: int,
-           smem: int, x_arg: torch.Tensor | None = None) -> torch.Tensor:
+           smem: int) -> torch.Tensor:
     """Launch any kernel of this layout (they all take the same arguments: ``trit_mma``, ``trit_wgmma``,
     ``trit_gemv``, ``trit_imma``) on contiguous bf16 ``x``: a grid of row blocks x K splits (``per_split`` steps
-    or chunks each) x token slices, with the split-K workspace and its counters; ``x_arg`` (default ``x``) is
-    the tensor passed as the kernel's ``x``."""
+    or chunks each) x token slices, with the split-K workspace and its counters."""
     import ctypes
 
     m, k = x.shape
     y = torch.empty(m, r.n, dtype=torch.bfloat16, device=x.device)
     ws, locks = workspace(x.device, m * r.n if splits > 1 else 0, blocks * slices)
-    args = [ctypes.c_void_p(t.data_ptr()) for t in (r.wq, r.sc, x if x_arg is None else x_arg, y, ws, locks)]
+    args = [ctypes.c_void_p(t.data_ptr()) for t in (r.wq, r.sc, x, y, ws, locks)]
     args += [ctypes.c_int(v) for v in (m, r.n, k, r.k_steps, r.scale_groups, per_split, splits)]
     kern.launch((blocks, splits, slices), warps * 32, smem, args)
     return y
