@@ -542,22 +542,25 @@ def serve_budget() -> str:
 
 
 def serve_h100() -> str:
-    """``trit bench serve`` runs on an H100, each level as measured, with the invocation (file) it ran in."""
-    lines = ["| run | weights | concurrency | output tok/s | TPOT p50 / p99 ms | TTFT p50 ms | KV-cache tokens | "
-             "peak GPU MiB | failed |", "|---|---|---|---|---|---|---|---|---|"]
-    for f, _, sv, lv in _serve_levels("serve-h100"):
+    """``trit bench serve`` runs on an H100, each level as measured, with the invocation (file) it ran in; a trit
+    server run under ``TRIT_LAYOUT`` says so."""
+    lines = ["| run | model | weights | concurrency | output tok/s | TPOT p50 / p99 ms | TTFT p50 ms | KV-cache tokens | "
+             "peak GPU MiB | failed |", "|---|---|---|---|---|---|---|---|---|---|"]
+    for f, run, sv, lv in _serve_levels("serve-h100"):
         peak = f"{sv['gpu_peak_mib']:.0f}" if sv.get("gpu_peak_mib") else "-"
+        layout = run.get("env", {}).get("TRIT_LAYOUT")
+        weights = f"trit (`TRIT_LAYOUT={layout}`)" if layout and sv["weights"] == "trit" else sv["weights"]
         tpot, ttft = lv["tpot_ms"], lv["ttft_ms"]
-        lines.append(f"| `{f.name}` | {sv['weights']} | {lv['concurrency']} | {lv['output_tokens_per_s']:.0f} | "
+        lines.append(f"| `{f.name}` | {sv['model']} | {weights} | {lv['concurrency']} | "
+                     f"{lv['output_tokens_per_s']:.0f} | "
                      f"{_or_dash(tpot.get('median'), '.2f')} / {_or_dash(tpot.get('p99'), '.2f')} | "
                      f"{_or_dash(ttft.get('median'), '.0f')} | {sv.get('kv_cache_tokens') or '-'} | {peak} | "
                      f"{lv['failed']} |")
     run = json.loads(sorted((RESULTS / "serve-h100").glob("*.json"))[0].read_text())
-    lines += ["", f"vLLM {run['versions'].get('vllm', '?')} OpenAI server (multiprocess engine, CUDA graphs), the "
-              f"Llama-3-8B shape with dummy weights, {run['input_len']} + {run['output_len']} tokens a request, "
-              f"vLLM's serving client, {run['device']}; "
-              "`benchmarks/results/serve-h100/*.json` hold the commands; peak: `nvidia-smi` (`-`: the run was cut "
-              "short before it was recorded)."]
+    lines += ["", f"vLLM {run['versions'].get('vllm', '?')} OpenAI server (multiprocess engine, CUDA graphs), dummy "
+              f"weights, {run['input_len']} + {run['output_len']} tokens a request, vLLM's serving client, "
+              f"{run['device']}; `benchmarks/results/serve-h100/*.json` hold the commands; peak: `nvidia-smi` (`-`: "
+              "the run was cut short before it was recorded)."]
     return "\n".join(lines)
 
 
