@@ -202,3 +202,25 @@ def test_the_gpu_memory_is_asked_of_nvidia_smi_once_a_gpu(monkeypatch) -> None:
     monkeypatch.setattr(serve, "_GPU_MEMORY", {})
     monkeypatch.setattr(serve.shutil, "which", lambda name: None)
     assert serve._gpu_total_mib() is None and calls == ["0", "0", "1"]
+
+
+def test_the_servers_memory_figures_are_read_from_vllms_log() -> None:
+    """The KV cache (tokens and GiB), the weights and the CUDA graphs' estimated and captured memory, each from
+    the last line vLLM logged for it; a figure not logged stays None."""
+    from trit.bench import serve
+
+    log = "\n".join([
+        "(EngineCore pid=7) INFO [gpu_model_runner.py:5307] Model loading took 3.8 GiB memory and 2.1 seconds",
+        "INFO [gpu_model_runner.py:6640] Estimated CUDA graph memory: 0.61 GiB total",
+        "INFO [gpu_worker.py:539] Available KV cache memory: 62.11 GiB",
+        "INFO [kv_cache_utils.py:1] GPU KV cache size: 508,768 tokens",
+        "INFO [gpu_model_runner.py:6708] Graph capturing finished in 9 secs, took 0.58 GiB",
+        "INFO [gpu_worker.py:539] Available KV cache memory: 62.50 GiB",
+    ])
+    server = serve.Server("llama3-8b", "trit", [])
+    serve._parse_log(log, server)
+    assert (server.kv_cache_tokens, server.weights_gib, server.kv_cache_gib) == (508768, 3.8, 62.5)
+    assert (server.cudagraph_estimate_gib, server.graph_capture_gib) == (0.61, 0.58)
+    bare = serve.Server("tiny", "trit", [])
+    serve._parse_log("INFO Model loading took 0.01 GiB memory", bare)
+    assert bare.weights_gib == 0.01 and bare.cudagraph_estimate_gib is None and bare.kv_cache_tokens is None

@@ -84,6 +84,11 @@ class Server:
     start_seconds: float = 0.0
     kv_cache_tokens: int | None = None
     weights_gib: float | None = None  # what vLLM logs for model loading
+    # what vLLM logs of its memory budget (GPU builds): the KV cache it was given, its estimate of the CUDA graphs'
+    # memory (taken out of the budget before the KV cache since vLLM 0.21), and what the graphs took when captured
+    kv_cache_gib: float | None = None
+    cudagraph_estimate_gib: float | None = None
+    graph_capture_gib: float | None = None
     gpu_peak_mib: float | None = None  # nvidia-smi, over the server's life
     levels: list[dict] = field(default_factory=list)
     profile: dict | None = None  # --profile: the profiled level and where its time went (profile_table.summarize)
@@ -131,13 +136,22 @@ class _MemoryPoll(threading.Thread):
             self.stop.wait(0.5)
 
 
+_LOG_GIB = {  # Server field -> the vLLM log line that gives it, in GiB (the last one logged counts)
+    "weights_gib": r"Model loading took ([\d.]+) GiB",
+    "kv_cache_gib": r"Available KV cache memory: ([\d.]+) GiB",
+    "cudagraph_estimate_gib": r"Estimated CUDA graph memory: ([\d.]+) GiB",
+    "graph_capture_gib": r"Graph capturing finished in \d+ secs, took ([\d.]+) GiB",
+}
+
+
 def _parse_log(text: str, server: Server) -> None:
     kv = re.findall(r"KV cache size: ([\d,]+) tokens", text)
     if kv:
         server.kv_cache_tokens = int(kv[-1].replace(",", ""))
-    mem = re.findall(r"Model loading took ([\d.]+) GiB", text)
-    if mem:
-        server.weights_gib = float(mem[-1])
+    for name, pattern in _LOG_GIB.items():
+        found = re.findall(pattern, text)
+        if found:
+            setattr(server, name, float(found[-1]))
 
 
 def run_client(url: str, folder: Path, level: Level, input_len: int, output_len: int, out_dir: Path,
