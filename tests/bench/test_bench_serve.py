@@ -210,17 +210,20 @@ def test_the_servers_memory_figures_are_read_from_vllms_log() -> None:
     from trit.bench import serve
 
     log = "\n".join([
-        "(EngineCore pid=7) INFO [gpu_model_runner.py:5307] Model loading took 3.8 GiB memory and 2.1 seconds",
+        "(EngineCore pid=7) INFO [gpu_model_runner.py:5307] Model loading took 3.8 GiB memory and 2.103412 seconds",
         "INFO [gpu_model_runner.py:6640] Estimated CUDA graph memory: 0.61 GiB total",
         "INFO [gpu_worker.py:539] Available KV cache memory: 62.11 GiB",
         "INFO [kv_cache_utils.py:1] GPU KV cache size: 508,768 tokens",
         "INFO [gpu_model_runner.py:6708] Graph capturing finished in 9 secs, took 0.58 GiB",
-        "INFO [gpu_worker.py:539] Available KV cache memory: 62.50 GiB",
+        "INFO [gpu_worker.py:539] Available KV cache memory: 62.5 GiB",
     ])
     server = serve.Server("llama3-8b", "trit", [])
     serve._parse_log(log, server)
     assert (server.kv_cache_tokens, server.weights_gib, server.kv_cache_gib) == (508768, 3.8, 62.5)
     assert (server.cudagraph_estimate_gib, server.graph_capture_gib) == (0.61, 0.58)
+    shrunk = serve.Server("llama3-8b", "trit", [])
+    serve._parse_log("INFO Graph capturing finished in 3 secs, took -0.38 GiB", shrunk)
+    assert shrunk.graph_capture_gib == -0.38  # the capture gave memory back: kept, with its sign
     bare = serve.Server("tiny", "trit", [])
     serve._parse_log("INFO Model loading took 0.01 GiB memory", bare)
     assert bare.weights_gib == 0.01 and bare.cudagraph_estimate_gib is None and bare.kv_cache_tokens is None

@@ -85,7 +85,8 @@ class Server:
     kv_cache_tokens: int | None = None
     weights_gib: float | None = None  # what vLLM logs for model loading
     # what vLLM logs of its memory budget (GPU builds): the KV cache it was given, its estimate of the CUDA graphs'
-    # memory (taken out of the budget before the KV cache since vLLM 0.21), and what the graphs took when captured
+    # memory (taken out of the budget before the KV cache by default since vLLM 0.21), and what the graphs took
+    # when captured
     kv_cache_gib: float | None = None
     cudagraph_estimate_gib: float | None = None
     graph_capture_gib: float | None = None
@@ -140,7 +141,8 @@ _LOG_GIB = {  # Server field -> the vLLM log line that gives it, in GiB (the las
     "weights_gib": r"Model loading took ([\d.]+) GiB",
     "kv_cache_gib": r"Available KV cache memory: ([\d.]+) GiB",
     "cudagraph_estimate_gib": r"Estimated CUDA graph memory: ([\d.]+) GiB",
-    "graph_capture_gib": r"Graph capturing finished in \d+ secs, took ([\d.]+) GiB",
+    # free memory before the capture less free memory after: negative where the capture gave memory back
+    "graph_capture_gib": r"Graph capturing finished in \d+ secs, took (-?[\d.]+) GiB",
 }
 
 
