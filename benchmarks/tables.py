@@ -546,7 +546,9 @@ def serve_h100() -> str:
     server run under ``TRIT_LAYOUT`` says so."""
     lines = ["| run | model | weights | concurrency | output tok/s | TPOT p50 / p99 ms | TTFT p50 ms | KV-cache tokens | "
              "peak GPU MiB | failed |", "|---|---|---|---|---|---|---|---|---|---|"]
+    first = None  # the footer's versions and device: the first file's, as already read
     for f, run, sv, lv in _serve_levels("serve-h100"):
+        first = first or run
         peak = f"{sv['gpu_peak_mib']:.0f}" if sv.get("gpu_peak_mib") else "-"
         layout = run.get("env", {}).get("TRIT_LAYOUT")
         weights = f"trit (`TRIT_LAYOUT={layout}`)" if layout and sv["weights"] == "trit" else sv["weights"]
@@ -556,10 +558,9 @@ def serve_h100() -> str:
                      f"{_or_dash(tpot.get('median'), '.2f')} / {_or_dash(tpot.get('p99'), '.2f')} | "
                      f"{_or_dash(ttft.get('median'), '.0f')} | {sv.get('kv_cache_tokens') or '-'} | {peak} | "
                      f"{lv['failed']} |")
-    run = json.loads(sorted((RESULTS / "serve-h100").glob("*.json"))[0].read_text())
-    lines += ["", f"vLLM {run['versions'].get('vllm', '?')} OpenAI server (multiprocess engine, CUDA graphs), dummy "
-              f"weights, {run['input_len']} + {run['output_len']} tokens a request, vLLM's serving client, "
-              f"{run['device']}; `benchmarks/results/serve-h100/*.json` hold the commands; peak: `nvidia-smi` (`-`: "
+    lines += ["", f"vLLM {first['versions'].get('vllm', '?')} OpenAI server (multiprocess engine, CUDA graphs), dummy "
+              f"weights, {first['input_len']} + {first['output_len']} tokens a request, vLLM's serving client, "
+              f"{first['device']}; `benchmarks/results/serve-h100/*.json` hold the commands; peak: `nvidia-smi` (`-`: "
               "the run was cut short before it was recorded)."]
     return "\n".join(lines)
 
