@@ -37,3 +37,50 @@ def test_each_size_runs_its_kernel_and_matches_the_reference(m: int, n: int, k: 
     want = ref_linear(x, packed, scale, g, bias).float()
     assert y.shape == (2, m, n)
     assert float((y - want).norm() / want.norm()) < 1e-2
+
+
+@pytest.mark.parametrize(("run", "m"), [("run_gemv", 1), ("run_imma", 4), ("run_mma", 17), ("run_wgmma", 64),
+                                        ("run_dequant", 300)])
+def test_a_kernel_launched_with_pdl_waits_for_the_kernel_ahead(run: str, m: int, monkeypatch) -> None:
+    """TRIT_PDL=1 in a CUDA graph where the kernel ahead writes x, as a norm does before a linear in a decoder
+    layer: the same result as a plain launch, bit for bit, on every replay (a kernel that read x before its
+    wait would see the previous replay's x)."""
+    from trit.kernels.cuda import nvrtc
+
+    if run == "run_wgmma" and launch._wgmma_support(torch.cuda.current_device()) is not None:
+        pytest.skip("the wgmma kernel needs sm_90")
+    if run == "run_imma" and m > launch.imma.MAX_M:
+        pytest.skip("beyond the int8 GEMV's rows")
+    n, k, g = 4098, 576, 64
+    packed = random_packed((n, k // 4), "cuda")
+    scale = (torch.rand(n, fmt.num_groups(g, k), device="cuda") * 0.02 + 0.005).to(torch.bfloat16)
+    r = mma.repack(packed, scale, g, k)
+    src = torch.randn(m, k, dtype=torch.bfloat16, device="cuda")
+    x = torch.empty_like(src)
+    fn = getattr(launch, run)
+
+    def step() -> torch.Tensor:
+        torch.mul(src, 2.0, out=x)  # the kernel ahead: x is its output
+        return fn(x, r, None)
+
+    outs = {}
+    for flag in ("0", "1"):
+        monkeypatch.setenv(nvrtc.PDL_ENV, flag)
+        stream = torch.cuda.Stream()
+        stream.wait_stream(torch.cuda.current_stream())
+        with torch.cuda.stream(stream):
+            step()  # warm-up: compiles and loads
+        torch.cuda.current_stream().wait_stream(stream)
+        graph = torch.cuda.CUDAGraph()
+        with torch.cuda.graph(graph):
+            y = step()
+        got = []
+        for i in range(3):
+            gen = torch.Generator("cuda").manual_seed(i)
+            src.copy_(torch.randn(m, k, dtype=torch.bfloat16, device="cuda", generator=gen))
+            graph.replay()
+            got.append(y.clone())
+        outs[flag] = got
+    for plain, pdl in zip(outs["0"], outs["1"], strict=True):
+        assert torch.equal(plain, pdl)
+    assert not torch.equal(outs["1"][0], outs["1"][1])  # the replays did see new inputs

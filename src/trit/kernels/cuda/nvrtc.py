@@ -123,6 +123,61 @@ def _cu_check(code: int, what: str) -> None:
         raise CudaUnavailable(f"CUDA driver {what}: {s.value.decode() if s.value else code}")
 
 
+# TRIT_PDL=1: launch with programmatic dependent launch (sm_90 and later), so a kernel's blocks may start while
+# the kernel ahead of it in the stream finishes, each waiting (``pdl_wait`` in common.cuh) before it reads the
+# activations. Off by default: not measured yet.
+PDL_ENV = "TRIT_PDL"
+_PDL_ATTRIBUTE = 6  # CU_LAUNCH_ATTRIBUTE_PROGRAMMATIC_STREAM_SERIALIZATION
+
+
+class LaunchAttribute(ctypes.Structure):
+    """``CUlaunchAttribute``: the attribute's id, 4 bytes of padding, a 64-byte value (a union, 8-byte aligned)."""
+
+    _fields_ = [("id", ctypes.c_int), ("pad", ctypes.c_char * 4), ("value", ctypes.c_uint64 * 8)]
+
+
+class LaunchConfig(ctypes.Structure):
+    """``CUlaunchConfig`` of ``cuLaunchKernelEx``."""
+
+    _fields_ = [("grid", ctypes.c_uint * 3), ("block", ctypes.c_uint * 3), ("shared_mem_bytes", ctypes.c_uint),
+                ("stream", ctypes.c_void_p), ("attrs", ctypes.POINTER(LaunchAttribute)), ("num_attrs", ctypes.c_uint)]
+
+
+def pdl_wanted() -> bool:
+    """``TRIT_PDL``: "1" asks for programmatic dependent launch; unset, empty or "0" does not."""
+    text = os.environ.get(PDL_ENV, "").strip()
+    if text not in ("", "0", "1"):
+        raise ValueError(f"{PDL_ENV}={text!r}: expected 1 (launch with programmatic dependent launch) or 0")
+    return text == "1"
+
+
+_PDL_DEVICES: dict[int, bool] = {}
+
+
+def _pdl_here() -> bool:
+    """Programmatic dependent launch wanted and possible on the current device (compute capability 9.0 or
+    later, a driver with ``cuLaunchKernelEx``)."""
+    if not pdl_wanted():
+        return False
+    import torch
+
+    dev = torch.cuda.current_device()
+    if dev not in _PDL_DEVICES:
+        _PDL_DEVICES[dev] = (torch.cuda.get_device_capability(dev) >= (9, 0)
+                             and hasattr(driver(), "cuLaunchKernelEx"))
+    return _PDL_DEVICES[dev]
+
+
+def pdl_config(grid: tuple[int, int, int], block: int, smem: int, stream: int,
+               attr: LaunchAttribute) -> LaunchConfig:
+    """The launch config of one ``cuLaunchKernelEx`` with programmatic stream serialization allowed (``attr``
+    is filled in; the caller keeps it alive for the call)."""
+    attr.id = _PDL_ATTRIBUTE
+    attr.value[0] = 1  # programmaticStreamSerializationAllowed, the union's first int
+    return LaunchConfig((ctypes.c_uint * 3)(*grid), (ctypes.c_uint * 3)(block, 1, 1), smem, ctypes.c_void_p(stream),
+                        ctypes.pointer(attr), 1)
+
+
 @dataclass
 class Kernel:
     """A loaded kernel: ``launch(grid, block, smem, args)`` on torch's current stream."""
@@ -143,6 +198,11 @@ class Kernel:
 
         params = (ctypes.c_void_p * len(args))(*[ctypes.cast(ctypes.pointer(a), ctypes.c_void_p) for a in args])
         stream = torch.cuda.current_stream().cuda_stream
+        if _pdl_here():
+            attr = LaunchAttribute()
+            cfg = pdl_config(grid, block, smem, stream, attr)
+            _cu_check(driver().cuLaunchKernelEx(ctypes.byref(cfg), self.func, params, None), f"launch of {self.name}")
+            return
         _cu_check(driver().cuLaunchKernel(self.func, grid[0], grid[1], grid[2], block, 1, 1, smem,
                                           ctypes.c_void_p(stream), params, None), f"launch of {self.name}")
 
