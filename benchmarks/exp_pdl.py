@@ -7,9 +7,11 @@ attention: RMS norm, qkv, a residual add, o, norm, gate_up, SiLU * up, down, eac
 layer its own weights (so nothing stays in L2 from one layer to the next). The
 norms and elementwise kernels are the kernels ahead of each linear, as in a
 server. Timed with trit's CUDA kernels on the mma layout launched plainly and
-with programmatic dependent launch, and with bf16 ``F.linear``, all in one run;
-the replay's wall time a step and the sum of its kernels' times (the profiler)
-give the gaps between kernels.
+with programmatic dependent launch, and with bf16 ``F.linear``, all in one run
+(the three graphs' replays taking turns). One replay of each under the profiler
+gives the time its kernels kept the GPU busy and its first-to-last span: the
+span less the busy time is the gaps between kernels. Both outputs of the last
+replays, plain and PDL, must be equal.
 """
 
 from __future__ import annotations
@@ -24,7 +26,6 @@ import torch
 
 import trit.ops  # noqa: F401  (registers trit::linear_tiled)
 from trit.bench.kernels import GROUP, SHAPES, ternary_layer
-from trit.kernels import tuning
 from trit.kernels.cuda import mma, nvrtc
 
 
@@ -45,16 +46,52 @@ def step_fn(x0: torch.Tensor, layers: list[dict], linear, q: int) -> callable:
     return step
 
 
-def kernel_us(step) -> float:
-    """The sum of the step's GPU kernel times (one eager run under the profiler), us."""
+def capture(step) -> tuple[torch.cuda.CUDAGraph, torch.Tensor]:
+    """A CUDA graph of one step (warmed up outside it first: compiles and allocates), and its output."""
+    side = torch.cuda.Stream()
+    side.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(side):
+        step()
+    torch.cuda.current_stream().wait_stream(side)
+    torch.cuda.synchronize()
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        y = step()
+    graph.replay()
+    torch.cuda.synchronize()
+    return graph, y
+
+
+def replay_us(graphs: dict, reps: int = 20) -> dict:
+    """Median replay time of each graph, us; the graphs take turns, so drift in clocks hits them alike."""
+    times = {name: [] for name in graphs}
+    for _ in range(reps):
+        for name, graph in graphs.items():
+            start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+            start.record()
+            graph.replay()
+            end.record()
+            end.synchronize()
+            times[name].append(start.elapsed_time(end) * 1000)
+    return {name: sorted(t)[len(t) // 2] for name, t in times.items()}
+
+
+def busy_and_span_us(graph: torch.cuda.CUDAGraph) -> tuple[float, float]:
+    """One replay under the profiler: the time some kernel of it ran (the union of their intervals) and its
+    first kernel's start to its last one's end, us. Under PDL a kernel's interval includes its wait."""
+    from torch.autograd import DeviceType
     from torch.profiler import ProfilerActivity, profile
 
-    step()
-    torch.cuda.synchronize()
     with profile(activities=[ProfilerActivity.CUDA]) as prof:
-        step()
+        graph.replay()
         torch.cuda.synchronize()
-    return sum(e.self_device_time_total for e in prof.key_averages())
+    spans = sorted((e.time_range.start, e.time_range.end) for e in prof.events() if e.device_type == DeviceType.CUDA)
+    busy, reach = 0.0, float("-inf")
+    for a, b in spans:
+        if b > reach:
+            busy += b - max(a, reach)
+            reach = b
+    return busy, (spans[-1][1] - spans[0][0]) if spans else 0.0
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -85,18 +122,18 @@ def main(argv: list[str] | None = None) -> int:
     for m in [int(v) for v in args.ms.split(",")]:
         x0 = torch.randn(m, hidden, device="cuda", dtype=torch.bfloat16)
         row = {"m": m}
+        graphs, outs = {}, {}
         for name, pdl, layers, linear in (("trit", "0", tiled, trit_linear), ("trit_pdl", "1", tiled, trit_linear),
                                           ("bf16", "0", dense, torch.nn.functional.linear)):
             os.environ[nvrtc.PDL_ENV] = pdl  # read at each launch, so also while the graph is captured
-            step = step_fn(x0, layers, linear, shapes["o"][1])
-            times = tuning.graph_times_us([step], reps=20)
-            row[f"{name}_step_us"] = times[len(times) // 2]
-            row[f"{name}_kernel_us"] = kernel_us(step)
+            graphs[name], outs[name] = capture(step_fn(x0, layers, linear, shapes["o"][1]))
         os.environ[nvrtc.PDL_ENV] = "0"
-        y0 = step_fn(x0, tiled, trit_linear, shapes["o"][1])()
-        os.environ[nvrtc.PDL_ENV] = "1"
-        row["pdl_equal"] = bool(torch.equal(step_fn(x0, tiled, trit_linear, shapes["o"][1])(), y0))
-        os.environ[nvrtc.PDL_ENV] = "0"
+        for name, us in replay_us(graphs).items():
+            row[f"{name}_step_us"] = us
+        for name, graph in graphs.items():
+            row[f"{name}_busy_us"], row[f"{name}_span_us"] = busy_and_span_us(graph)
+        row["pdl_equal"] = bool(torch.equal(outs["trit"], outs["trit_pdl"]))  # both graphs' last replays
+        del graphs, outs
         print(f"M={m}: " + "  ".join(f"{k} {v:.1f}" if isinstance(v, float) else f"{k} {v}" for k, v in row.items()),
               flush=True)
         out["rows"].append(row)

@@ -37,8 +37,8 @@ def test_precompile_fills_the_cache_once_for_each_kernel(monkeypatch: pytest.Mon
 
 
 def test_the_launch_structs_have_the_driver_apis_layout() -> None:
-    """``CUlaunchConfig`` and ``CUlaunchAttribute`` as cuda.h (CUDA 12 and 13) lays them out: sizes and offsets
-    read from a C program built against it."""
+    """``CUlaunchConfig`` and ``CUlaunchAttribute`` as cuda.h lays them out: the sizes and offsets a C program
+    built against CUDA 13.0's cuda.h printed (sizeof, offsetof), written here as numbers."""
     import ctypes
 
     assert ctypes.sizeof(nvrtc.LaunchConfig) == 56

@@ -164,8 +164,15 @@ def _pdl_here() -> bool:
     dev = torch.cuda.current_device()
     if dev not in _PDL_DEVICES:
         _PDL_DEVICES[dev] = (torch.cuda.get_device_capability(dev) >= (9, 0)
-                             and hasattr(driver(), "cuLaunchKernelEx"))
+                             and hasattr(driver(), "cuLaunchKernelEx") and _driver_version() >= 12030)
     return _PDL_DEVICES[dev]
+
+
+def _driver_version() -> int:
+    """The CUDA driver's version (12030: 12.3, from which a graph captures a launch's programmatic edge)."""
+    v = ctypes.c_int()
+    _cu_check(driver().cuDriverGetVersion(ctypes.byref(v)), "version")
+    return v.value
 
 
 def pdl_config(grid: tuple[int, int, int], block: int, smem: int, stream: int,
