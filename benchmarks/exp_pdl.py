@@ -6,8 +6,9 @@ A CUDA graph of ``--layers`` decoder layers as a decode step runs them, without
 attention: RMS norm, qkv, a residual add, o, norm, gate_up, SiLU * up, down, each
 layer its own weights (so nothing stays in L2 from one layer to the next). The
 norms and elementwise kernels are the kernels ahead of each linear, as in a
-server. Timed with trit's CUDA kernels on the mma layout launched plainly and
-with programmatic dependent launch, and with bf16 ``F.linear``, all in one run
+server. Timed with trit's kernels (the CUDA kernels on the mma layout, or with
+``--layout v1`` format v1's Triton kernels) launched plainly and with
+programmatic dependent launch, and with bf16 ``F.linear``, all in one run
 (the three graphs' replays taking turns). One replay of each under the profiler
 gives the time its kernels kept the GPU busy and its first-to-last span: the
 span less the busy time is the gaps between kernels. Both outputs of the last
@@ -100,6 +101,8 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--model", default="llama3-8b")
     ap.add_argument("--ms", default="1,16")
     ap.add_argument("--layers", type=int, default=32)
+    ap.add_argument("--layout", choices=("mma", "v1"), default="mma",
+                    help="every layer in the mma layout (the CUDA kernels) or in format v1 (the Triton kernels)")
     args = ap.parse_args(argv)
     shapes = {layer: (n, k) for layer, n, k in SHAPES[args.model]}
     hidden = shapes["o"][0]
@@ -109,16 +112,19 @@ def main(argv: list[str] | None = None) -> int:
         t, d = {}, {}
         for layer, (n, k) in shapes.items():
             p, s = ternary_layer(n, k)
-            t[layer] = mma.repack(p, s, GROUP, k)
+            t[layer] = mma.repack(p, s, GROUP, k) if args.layout == "mma" else (p, s)
             d[layer] = torch.randn(n, k, device="cuda", dtype=torch.bfloat16) * 0.01
         tiled.append(t)
         dense.append(d)
 
     def trit_linear(x, r):
+        if args.layout == "v1":
+            return torch.ops.trit.linear(x, r[0], r[1], GROUP, None)
         return torch.ops.trit.linear_tiled(x, r.wq, r.sc, r.n, GROUP, None)
 
     out = {"command": "python benchmarks/exp_pdl.py " + " ".join(sys.argv[1:] if argv is None else argv),
-           "device": torch.cuda.get_device_name(), "model": args.model, "layers": args.layers, "rows": []}
+           "device": torch.cuda.get_device_name(), "model": args.model, "layers": args.layers,
+           "layout": args.layout, "rows": []}
     for m in [int(v) for v in args.ms.split(",")]:
         x0 = torch.randn(m, hidden, device="cuda", dtype=torch.bfloat16)
         row = {"m": m}

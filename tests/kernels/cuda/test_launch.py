@@ -73,10 +73,11 @@ def _late_write(src: torch.Tensor, dst: torch.Tensor, spin: int = 200_000) -> No
 @pytest.mark.skipif(torch.cuda.is_available() and torch.cuda.get_device_capability() < (9, 0),
                     reason="programmatic dependent launch needs sm_90")
 @pytest.mark.parametrize(("run", "m"), [("run_gemv", 1), ("run_imma", 4), ("run_mma", 17), ("run_wgmma", 64),
-                                        ("run_dequant", 300)])
+                                        ("run_dequant", 300), ("triton_gemv", 3), ("triton_skinny", 16)])
 def test_a_kernel_launched_with_pdl_waits_for_the_kernel_ahead(run: str, m: int, monkeypatch) -> None:
     """TRIT_PDL=1 in a CUDA graph behind a kernel that lets it launch early and writes x late: the plain
-    launch's bytes on every replay. (The dequantizer reads no x: for it this checks the launch path only.)"""
+    launch's bytes on every replay, for the CUDA kernels of the mma layout and format v1's Triton GEMV and
+    skinny kernel. (The dequantizer reads no x: for it this checks the launch path only.)"""
     from trit.kernels.cuda import nvrtc
 
     if run == "run_wgmma" and launch._wgmma_support(torch.cuda.current_device()) is not None:
@@ -87,10 +88,29 @@ def test_a_kernel_launched_with_pdl_waits_for_the_kernel_ahead(run: str, m: int,
     r = mma.repack(packed, scale, g, k)
     src = torch.randn(m, k, dtype=torch.bfloat16, device="cuda")
     x = torch.empty_like(src)
-    fn = getattr(launch, run)
     pdl_launches = []
-    config = nvrtc.pdl_config
-    monkeypatch.setattr(nvrtc, "pdl_config", lambda *a: pdl_launches.append(a) or config(*a))
+    if run.startswith("triton_"):
+        from trit.kernels.triton import device, gemv, skinny
+
+        kernel = {"triton_gemv": gemv.gemv, "triton_skinny": skinny.skinny}[run]
+
+        def fn(x, r, bias):
+            return kernel(x, packed.view(torch.int32), scale, g, bias)
+
+        plain_kwargs = device.pdl_kwargs
+
+        def counted(x: torch.Tensor) -> dict:
+            kw = plain_kwargs(x)
+            if kw:
+                pdl_launches.append(kw)
+            return kw
+
+        for module in (device, gemv, skinny):
+            monkeypatch.setattr(module, "pdl_kwargs", counted)
+    else:
+        fn = getattr(launch, run)
+        config = nvrtc.pdl_config
+        monkeypatch.setattr(nvrtc, "pdl_config", lambda *a: pdl_launches.append(a) or config(*a))
 
     def step() -> torch.Tensor:
         _late_write(src, x)

@@ -69,3 +69,12 @@ def test_pdl_is_asked_for_by_its_variable(monkeypatch: pytest.MonkeyPatch) -> No
     monkeypatch.setenv(nvrtc.PDL_ENV, "yes")
     with pytest.raises(ValueError, match="TRIT_PDL='yes': expected 1"):
         nvrtc.pdl_wanted()
+
+
+def test_triton_kernels_on_the_cpu_never_ask_for_pdl(monkeypatch: pytest.MonkeyPatch) -> None:
+    import torch
+
+    from trit.kernels.triton import device
+
+    monkeypatch.setenv(nvrtc.PDL_ENV, "1")
+    assert device.pdl_kwargs(torch.zeros(2)) == {}  # not a CUDA tensor: the kernel's plain launch

@@ -154,17 +154,20 @@ def pdl_wanted() -> bool:
 _PDL_DEVICES: dict[int, bool] = {}
 
 
-def _pdl_here() -> bool:
+def pdl_here() -> bool:
     """Programmatic dependent launch wanted and possible on the current device (compute capability 9.0 or
-    later, a driver with ``cuLaunchKernelEx``)."""
+    later, a driver of 12.3 or later with ``cuLaunchKernelEx``). The Triton kernels ask it too."""
     if not pdl_wanted():
         return False
     import torch
 
     dev = torch.cuda.current_device()
     if dev not in _PDL_DEVICES:
-        _PDL_DEVICES[dev] = (torch.cuda.get_device_capability(dev) >= (9, 0)
-                             and hasattr(driver(), "cuLaunchKernelEx") and _driver_version() >= 12030)
+        try:
+            _PDL_DEVICES[dev] = (torch.cuda.get_device_capability(dev) >= (9, 0)
+                                 and hasattr(driver(), "cuLaunchKernelEx") and _driver_version() >= 12030)
+        except CudaUnavailable:
+            _PDL_DEVICES[dev] = False
     return _PDL_DEVICES[dev]
 
 
@@ -205,7 +208,7 @@ class Kernel:
 
         params = (ctypes.c_void_p * len(args))(*[ctypes.cast(ctypes.pointer(a), ctypes.c_void_p) for a in args])
         stream = torch.cuda.current_stream().cuda_stream
-        if _pdl_here():
+        if pdl_here():
             attr = LaunchAttribute()
             cfg = pdl_config(grid, block, smem, stream, attr)
             _cu_check(driver().cuLaunchKernelEx(ctypes.byref(cfg), self.func, params, None), f"launch of {self.name}")

@@ -20,3 +20,14 @@ def sm_count() -> int:
     if not torch.cuda.is_available():
         return FALLBACK_SMS
     return _sms(torch.cuda.current_device())
+
+
+def pdl_kwargs(x: torch.Tensor) -> dict:
+    """``PDL=True`` (the kernel waits before it reads ``x``) and ``launch_pdl=True`` for a Triton kernel on
+    ``x``'s CUDA device when ``TRIT_PDL=1`` asks for programmatic dependent launch and the device takes it
+    (:func:`trit.kernels.cuda.nvrtc.pdl_here`); else none: the kernel's default, a plain launch."""
+    if not x.is_cuda:
+        return {}
+    from trit.kernels.cuda import nvrtc
+
+    return {"PDL": True, "launch_pdl": True} if nvrtc.pdl_here() else {}
