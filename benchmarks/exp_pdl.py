@@ -27,7 +27,8 @@ import torch
 
 import trit.ops  # noqa: F401  (registers trit::linear_tiled)
 from trit.bench.kernels import GROUP, SHAPES, ternary_layer
-from trit.kernels.cuda import mma, nvrtc
+from trit.kernels import pdl
+from trit.kernels.cuda import mma
 
 
 def rms(x: torch.Tensor) -> torch.Tensor:
@@ -129,11 +130,11 @@ def main(argv: list[str] | None = None) -> int:
         x0 = torch.randn(m, hidden, device="cuda", dtype=torch.bfloat16)
         row = {"m": m}
         graphs, outs = {}, {}
-        for name, pdl, layers, linear in (("trit", "0", tiled, trit_linear), ("trit_pdl", "1", tiled, trit_linear),
-                                          ("bf16", "0", dense, torch.nn.functional.linear)):
-            os.environ[nvrtc.PDL_ENV] = pdl  # read at each launch, so also while the graph is captured
+        for name, flag, layers, linear in (("trit", "0", tiled, trit_linear), ("trit_pdl", "1", tiled, trit_linear),
+                                           ("bf16", "0", dense, torch.nn.functional.linear)):
+            os.environ[pdl.ENV] = flag  # read at each launch, so also while the graph is captured
             graphs[name], outs[name] = capture(step_fn(x0, layers, linear, shapes["o"][1]))
-        os.environ[nvrtc.PDL_ENV] = "0"
+        os.environ[pdl.ENV] = "0"
         for name, us in replay_us(graphs).items():
             row[f"{name}_step_us"] = us
         for name, graph in graphs.items():

@@ -78,6 +78,7 @@ def test_a_kernel_launched_with_pdl_waits_for_the_kernel_ahead(run: str, m: int,
     """TRIT_PDL=1 in a CUDA graph behind a kernel that lets it launch early and writes x late: the plain
     launch's bytes on every replay, for the CUDA kernels of the mma layout and format v1's Triton GEMV and
     skinny kernel. (The dequantizer reads no x: for it this checks the launch path only.)"""
+    from trit.kernels import pdl
     from trit.kernels.cuda import nvrtc
 
     if run == "run_wgmma" and launch._wgmma_support(torch.cuda.current_device()) is not None:
@@ -118,7 +119,7 @@ def test_a_kernel_launched_with_pdl_waits_for_the_kernel_ahead(run: str, m: int,
 
     outs = {}
     for flag in ("0", "1"):
-        monkeypatch.setenv(nvrtc.PDL_ENV, flag)
+        monkeypatch.setenv(pdl.ENV, flag)
         stream = torch.cuda.Stream()
         stream.wait_stream(torch.cuda.current_stream())
         with torch.cuda.stream(stream):
@@ -136,6 +137,6 @@ def test_a_kernel_launched_with_pdl_waits_for_the_kernel_ahead(run: str, m: int,
             graph.replay()
             got.append(y.clone())
         outs[flag] = got
-    for plain, pdl in zip(outs["0"], outs["1"], strict=True):
-        assert torch.equal(plain, pdl)
+    for plain, early in zip(outs["0"], outs["1"], strict=True):
+        assert torch.equal(plain, early)
     assert not torch.equal(outs["1"][0], outs["1"][1])  # the replays did see new inputs

@@ -6,6 +6,7 @@ from pathlib import Path
 
 import pytest
 
+from trit.kernels import pdl
 from trit.kernels.cuda import nvrtc
 
 
@@ -62,13 +63,13 @@ def test_a_pdl_launch_asks_for_programmatic_stream_serialization() -> None:
 
 def test_pdl_is_asked_for_by_its_variable(monkeypatch: pytest.MonkeyPatch) -> None:
     for text, wanted in (("", False), ("0", False), ("1", True), (" 1 ", True)):
-        monkeypatch.setenv(nvrtc.PDL_ENV, text)
-        assert nvrtc.pdl_wanted() is wanted
-    monkeypatch.delenv(nvrtc.PDL_ENV)
-    assert nvrtc.pdl_wanted() is False
-    monkeypatch.setenv(nvrtc.PDL_ENV, "yes")
+        monkeypatch.setenv(pdl.ENV, text)
+        assert pdl.wanted() is wanted
+    monkeypatch.delenv(pdl.ENV)
+    assert pdl.wanted() is False
+    monkeypatch.setenv(pdl.ENV, "yes")
     with pytest.raises(ValueError, match="TRIT_PDL='yes': expected 1"):
-        nvrtc.pdl_wanted()
+        pdl.wanted()
 
 
 def test_triton_kernels_on_the_cpu_never_ask_for_pdl(monkeypatch: pytest.MonkeyPatch) -> None:
@@ -76,5 +77,5 @@ def test_triton_kernels_on_the_cpu_never_ask_for_pdl(monkeypatch: pytest.MonkeyP
 
     from trit.kernels.triton import device
 
-    monkeypatch.setenv(nvrtc.PDL_ENV, "1")
+    monkeypatch.setenv(pdl.ENV, "1")
     assert device.pdl_kwargs(torch.zeros(2)) == {}  # not a CUDA tensor: the kernel's plain launch

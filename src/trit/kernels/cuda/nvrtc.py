@@ -19,6 +19,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from trit.cache import cache_dir, write_atomic
+from trit.kernels import pdl
 
 
 class CudaUnavailable(RuntimeError):
@@ -123,11 +124,7 @@ def _cu_check(code: int, what: str) -> None:
         raise CudaUnavailable(f"CUDA driver {what}: {s.value.decode() if s.value else code}")
 
 
-# TRIT_PDL=1: launch with programmatic dependent launch (sm_90 and later), so a kernel's blocks may start while
-# the kernel ahead of it in the stream finishes, each waiting (``pdl_wait`` in common.cuh) before it reads the
-# activations. Off by default: not measured yet.
-PDL_ENV = "TRIT_PDL"
-_PDL_ATTRIBUTE = 6  # CU_LAUNCH_ATTRIBUTE_PROGRAMMATIC_STREAM_SERIALIZATION
+_PDL_ATTRIBUTE = 6  # CU_LAUNCH_ATTRIBUTE_PROGRAMMATIC_STREAM_SERIALIZATION (trit.kernels.pdl: when)
 
 
 class LaunchAttribute(ctypes.Structure):
@@ -141,41 +138,6 @@ class LaunchConfig(ctypes.Structure):
 
     _fields_ = [("grid", ctypes.c_uint * 3), ("block", ctypes.c_uint * 3), ("shared_mem_bytes", ctypes.c_uint),
                 ("stream", ctypes.c_void_p), ("attrs", ctypes.POINTER(LaunchAttribute)), ("num_attrs", ctypes.c_uint)]
-
-
-def pdl_wanted() -> bool:
-    """``TRIT_PDL``: "1" asks for programmatic dependent launch; unset, empty or "0" does not."""
-    text = os.environ.get(PDL_ENV, "").strip()
-    if text not in ("", "0", "1"):
-        raise ValueError(f"{PDL_ENV}={text!r}: expected 1 (launch with programmatic dependent launch) or 0")
-    return text == "1"
-
-
-_PDL_DEVICES: dict[int, bool] = {}
-
-
-def pdl_here() -> bool:
-    """Programmatic dependent launch wanted and possible on the current device (compute capability 9.0 or
-    later, a driver of 12.3 or later with ``cuLaunchKernelEx``). The Triton kernels ask it too."""
-    if not pdl_wanted():
-        return False
-    import torch
-
-    dev = torch.cuda.current_device()
-    if dev not in _PDL_DEVICES:
-        try:
-            _PDL_DEVICES[dev] = (torch.cuda.get_device_capability(dev) >= (9, 0)
-                                 and hasattr(driver(), "cuLaunchKernelEx") and _driver_version() >= 12030)
-        except CudaUnavailable:
-            _PDL_DEVICES[dev] = False
-    return _PDL_DEVICES[dev]
-
-
-def _driver_version() -> int:
-    """The CUDA driver's version (12030: 12.3, from which a graph captures a launch's programmatic edge)."""
-    v = ctypes.c_int()
-    _cu_check(driver().cuDriverGetVersion(ctypes.byref(v)), "version")
-    return v.value
 
 
 def pdl_config(grid: tuple[int, int, int], block: int, smem: int, stream: int,
@@ -208,7 +170,7 @@ class Kernel:
 
         params = (ctypes.c_void_p * len(args))(*[ctypes.cast(ctypes.pointer(a), ctypes.c_void_p) for a in args])
         stream = torch.cuda.current_stream().cuda_stream
-        if pdl_here():
+        if pdl.here() and hasattr(driver(), "cuLaunchKernelEx"):
             attr = LaunchAttribute()
             cfg = pdl_config(grid, block, smem, stream, attr)
             _cu_check(driver().cuLaunchKernelEx(ctypes.byref(cfg), self.func, params, None), f"launch of {self.name}")

@@ -6,6 +6,8 @@ import functools
 
 import torch
 
+from trit.kernels import pdl
+
 # the H100/H200 count, for config choices made where no GPU is present (the CPU interpreter, offline compiles)
 FALLBACK_SMS = 132
 
@@ -25,9 +27,7 @@ def sm_count() -> int:
 def pdl_kwargs(x: torch.Tensor) -> dict:
     """``PDL=True`` (the kernel waits before it reads ``x``) and ``launch_pdl=True`` for a Triton kernel on
     ``x``'s CUDA device when ``TRIT_PDL=1`` asks for programmatic dependent launch and the device takes it
-    (:func:`trit.kernels.cuda.nvrtc.pdl_here`); else none: the kernel's default, a plain launch."""
+    (:func:`trit.kernels.pdl.here`); else none: the kernel's default, a plain launch."""
     if not x.is_cuda:
         return {}
-    from trit.kernels.cuda import nvrtc
-
-    return {"PDL": True, "launch_pdl": True} if nvrtc.pdl_here() else {}
+    return {"PDL": True, "launch_pdl": True} if pdl.here() else {}
