@@ -57,7 +57,7 @@ def _problem(kernel: str, fields: list[int], m: int):
         sig = dict(COMMON, M="i32", N="i32", KW="i32", G="i32", stride_xm="i32", one_bits="i32")
         consts = {"GROUP_W": GROUP // 16, "HAS_BIAS": False, "M_ROWS": m, "BLOCK_N": cfg.block_n,
                   "BLOCK_KW": cfg.block_kw, "SPLIT_K": cfg.split_k, "EVEN": True, "PTX": True,
-                  "SCALE_MODE": gemv.scale_mode(GROUP, cfg.block_kw), "PDL": False}  # the plain launch
+                  "SCALE_MODE": gemv.scale_mode(GROUP, cfg.block_kw)}
         per_trip = cfg.block_n * cfg.block_kw // (32 * cfg.num_warps)
         return (gemv._gemv_kernel, sig, consts, ["N", "KW", "G", "stride_xm", "one_bits"],
                 {"num_warps": cfg.num_warps}, per_trip, "word")
@@ -65,8 +65,7 @@ def _problem(kernel: str, fields: list[int], m: int):
         cfg = skinny.SkinnyConfig(*fields)
         sig = dict(COMMON, M="i32", N="i32", K="i32", KW="i32", G="i32", stride_xm="i32")
         consts = {"GROUP_K": GROUP, "HAS_BIAS": False, "BLOCK_M": skinny.block_m(m), "BLOCK_N": cfg.block_n,
-                  "BLOCK_K": cfg.block_k, "SPLIT_K": cfg.split_k, "STEPS": cfg.steps, "EVEN": True, "INTERPRET": False,
-                  "PDL": False}
+                  "BLOCK_K": cfg.block_k, "SPLIT_K": cfg.split_k, "STEPS": cfg.steps, "EVEN": True, "INTERPRET": False}
         per_trip = cfg.block_n * cfg.block_k * cfg.steps // (32 * cfg.num_warps)
         return (skinny._skinny_kernel, sig, consts, ["N", "K", "KW", "G", "stride_xm"],
                 {"num_warps": cfg.num_warps, "num_stages": cfg.num_stages}, per_trip, "weight")

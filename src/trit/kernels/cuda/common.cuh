@@ -14,16 +14,6 @@ struct __align__(16) U4 {
 #define BASE 0x43004300u
 #define NEG_ZERO 0x80008000u
 
-// Programmatic dependent launch (sm_90 and later, TRIT_PDL=1): a kernel so launched may start while the kernel
-// ahead of it in the stream is finishing; this waits until that kernel is done and its writes are visible.
-// Before it a kernel may read its weights (which no kernel writes) and nothing else, and write nothing (its
-// output may be memory the kernel ahead still reads). Launched without the attribute it returns at once.
-__device__ __forceinline__ void pdl_wait() {
-#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
-    asm volatile("griddepcontrol.wait;" ::: "memory");
-#endif
-}
-
 __device__ __forceinline__ u32 fma_bf16x2(u32 a, u32 b, u32 c) {
     u32 d;
     asm("fma.rn.bf16x2 %0, %1, %2, %3;" : "=r"(d) : "r"(a), "r"(b), "r"(c));

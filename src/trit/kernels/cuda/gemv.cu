@@ -81,8 +81,6 @@ __global__ void __launch_bounds__(NW * 32) trit_gemv(const U4* __restrict__ wq, 
         sp[r] += GS == 0 ? 0 : PF * UPS * 8;
     }
 
-    pdl_wait();  // the weights' first loads are in flight; the activations may be the kernel ahead's output
-
     // 2. Quantize this block's share of the activations: a warp a (step, token), four inputs a lane, QB jobs'
     // loads at once.
     for (int base = warp; base < nsteps * MG; base += QB * NW) {
@@ -238,7 +236,6 @@ __global__ void __launch_bounds__(128) trit_dequant(const U4* __restrict__ wq, c
     const int g = lane >> 2, t = lane & 3;
     const U4 v = wq[job * 32 + lane];
     const u32 words[4] = {v.x, v.y, v.z, v.w};
-    pdl_wait();  // before the first write: out may be memory the kernel ahead still reads
     u32* buf = tiles[warp];
 #pragma unroll
     for (int j = 0; j < 4; ++j) {

@@ -97,8 +97,6 @@ __global__ void __launch_bounds__(NW * 32) trit_imma(const U4* __restrict__ wq, 
 #pragma unroll
     for (int p = 0; p < ST - 1; ++p) fill_slot(p, p);
 
-    pdl_wait();  // the weights' first steps are in flight; the activations may be the kernel ahead's output
-
     // 2. Round this block's share of the activations: a warp a (step, token), four inputs a lane, the jobs of the
     // M tokens spread over the warps, QB jobs' loads at once. Tokens past M are left unwritten: an MMA's token
     // columns are independent, and theirs are never stored.

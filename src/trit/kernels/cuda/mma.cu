@@ -116,7 +116,6 @@ __global__ void __launch_bounds__(NW * 32) trit_mma(const U4* __restrict__ wq, c
                                                 const u16* __restrict__ x, u16* __restrict__ y,
                                                 float* __restrict__ ws, int* __restrict__ locks, int M, int N,
                                                 int K, int KS, int GP, int chunks_per_split, int splits) {
-    pdl_wait();  // first: every load below may read the kernel ahead's output (x staged with the weights)
     constexpr int KC = KI * 128;                      // inputs a chunk
     constexpr int LDS = KC + 8;                       // smem row stride (bf16): 16 bytes of padding, no bank conflicts
     constexpr int ROWS = MT * 8;                      // token rows staged

@@ -19,7 +19,6 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from trit.cache import cache_dir, write_atomic
-from trit.kernels import pdl
 
 
 class CudaUnavailable(RuntimeError):
@@ -124,32 +123,6 @@ def _cu_check(code: int, what: str) -> None:
         raise CudaUnavailable(f"CUDA driver {what}: {s.value.decode() if s.value else code}")
 
 
-_PDL_ATTRIBUTE = 6  # CU_LAUNCH_ATTRIBUTE_PROGRAMMATIC_STREAM_SERIALIZATION (trit.kernels.pdl: when)
-
-
-class LaunchAttribute(ctypes.Structure):
-    """``CUlaunchAttribute``: the attribute's id, 4 bytes of padding, a 64-byte value (a union, 8-byte aligned)."""
-
-    _fields_ = [("id", ctypes.c_int), ("pad", ctypes.c_char * 4), ("value", ctypes.c_uint64 * 8)]
-
-
-class LaunchConfig(ctypes.Structure):
-    """``CUlaunchConfig`` of ``cuLaunchKernelEx``."""
-
-    _fields_ = [("grid", ctypes.c_uint * 3), ("block", ctypes.c_uint * 3), ("shared_mem_bytes", ctypes.c_uint),
-                ("stream", ctypes.c_void_p), ("attrs", ctypes.POINTER(LaunchAttribute)), ("num_attrs", ctypes.c_uint)]
-
-
-def pdl_config(grid: tuple[int, int, int], block: int, smem: int, stream: int,
-               attr: LaunchAttribute) -> LaunchConfig:
-    """The launch config of one ``cuLaunchKernelEx`` with programmatic stream serialization allowed (``attr``
-    is filled in; the caller keeps it alive for the call)."""
-    attr.id = _PDL_ATTRIBUTE
-    attr.value[0] = 1  # programmaticStreamSerializationAllowed, the union's first int
-    return LaunchConfig((ctypes.c_uint * 3)(*grid), (ctypes.c_uint * 3)(block, 1, 1), smem, ctypes.c_void_p(stream),
-                        ctypes.pointer(attr), 1)
-
-
 @dataclass
 class Kernel:
     """A loaded kernel: ``launch(grid, block, smem, args)`` on torch's current stream."""
@@ -170,11 +143,6 @@ class Kernel:
 
         params = (ctypes.c_void_p * len(args))(*[ctypes.cast(ctypes.pointer(a), ctypes.c_void_p) for a in args])
         stream = torch.cuda.current_stream().cuda_stream
-        if pdl.here() and hasattr(driver(), "cuLaunchKernelEx"):
-            attr = LaunchAttribute()
-            cfg = pdl_config(grid, block, smem, stream, attr)
-            _cu_check(driver().cuLaunchKernelEx(ctypes.byref(cfg), self.func, params, None), f"launch of {self.name}")
-            return
         _cu_check(driver().cuLaunchKernel(self.func, grid[0], grid[1], grid[2], block, 1, 1, smem,
                                           ctypes.c_void_p(stream), params, None), f"launch of {self.name}")
 

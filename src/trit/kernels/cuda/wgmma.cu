@@ -43,7 +43,6 @@ __global__ void __launch_bounds__(NW * 32) trit_wgmma(const U4* __restrict__ wq,
                                                   const u16* __restrict__ x, u16* __restrict__ y,
                                                   float* __restrict__ ws, int* __restrict__ locks, int M, int N,
                                                   int K, int KS, int GP, int chunks_per_split, int splits) {
-    pdl_wait();  // first: every load below may read the kernel ahead's output (x staged with the weights)
     constexpr int KC = KI * 128;                      // inputs a chunk
     constexpr int NTH = NW * 32;
     static_assert(NW % 4 == 0 && NTH % KC == 0, "whole warpgroups, and whole 8-token groups of x a pass");

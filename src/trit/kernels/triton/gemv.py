@@ -48,7 +48,7 @@ import triton.language as tl
 
 from trit import format as fmt
 from trit.kernels.triton import codes, splitk
-from trit.kernels.triton.device import pdl_kwargs, sm_count
+from trit.kernels.triton.device import sm_count
 
 MAX_M = 4
 ONE_BITS = 0x3F800000  # 1.0f
@@ -287,7 +287,6 @@ def _gemv_kernel(
     EVEN: tl.constexpr,  # N % BLOCK_N == 0 and KW % (BLOCK_KW * SPLIT_K) == 0: no masks
     PTX: tl.constexpr,  # integer dot products in inline PTX (NVIDIA only); f32 otherwise
     SCALE_MODE: tl.constexpr,  # 0: a scale a word; 1: BLOCK_KW % GROUP_W == 0; 2: a step inside one group
-    PDL: tl.constexpr = False,  # launched with programmatic dependent launch: wait before reading x
 ):
     pid_n = tl.program_id(0)
     pid_k = tl.program_id(1)
@@ -308,8 +307,6 @@ def _gemv_kernel(
         words = tl.load(w_ptrs)
     else:
         words = tl.load(w_ptrs, mask=row_ok[:, None] & (offs_w < kw_end)[None, :], other=0x55555555)
-    if PDL:  # the first words are in flight; x may be the kernel ahead's output
-        tl.extra.cuda.gdc_wait()
     x0 = _load_x(x_ptr, offs_w, kw_end, EVEN)
     x1 = x0
     x2 = x0
@@ -413,6 +410,6 @@ def gemv(
         m, n, kw, scale.shape[1], x.stride(0), ONE_BITS,
         GROUP_W=fmt.group_width(group_size, kw * 16) // 16, HAS_BIAS=bias is not None, M_ROWS=m, EVEN=even,
         PTX=ptx_path(x.device), SCALE_MODE=scale_mode(group_size, cfg.block_kw),
-        **cfg.as_kwargs(), **pdl_kwargs(x),
+        **cfg.as_kwargs(),
     )
     return y

@@ -43,7 +43,6 @@ import triton.language as tl
 from trit import format as fmt
 from trit.kernels.triton import splitk
 from trit.kernels.triton.codes import interpreting, split_halves
-from trit.kernels.triton.device import pdl_kwargs
 
 MAX_M = 64
 
@@ -217,10 +216,7 @@ def _skinny_kernel(
     STEPS: tl.constexpr,  # BLOCK_K steps a loop trip: 1 or 2
     EVEN: tl.constexpr,  # N % BLOCK_N == 0 and K == KW * 16, a multiple of BLOCK_K * STEPS * SPLIT_K
     INTERPRET: tl.constexpr,
-    PDL: tl.constexpr = False,  # launched with programmatic dependent launch: wait before any load or store
 ):
-    if PDL:  # x may be the kernel ahead's output (the loop loads words and x together)
-        tl.extra.cuda.gdc_wait()
     pid_n = tl.program_id(0)
     pid_k = tl.program_id(1)
     offs_n = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)
@@ -282,6 +278,6 @@ def skinny(
         GROUP_K=0 if group_size == fmt.PER_ROW else group_size, HAS_BIAS=bias is not None, BLOCK_M=block_m(m),
         INTERPRET=interpreting(),
         EVEN=n % cfg.block_n == 0 and k == kw * 16 and k % (cfg.block_k * cfg.steps * cfg.split_k) == 0,
-        **cfg.as_kwargs(), **pdl_kwargs(x),
+        **cfg.as_kwargs(),
     )
     return y
