@@ -46,7 +46,7 @@ def main(argv: list[str] | None = None) -> int:
            "rows": []}
     t0 = time.time()
     for model in args.models.split(","):
-        for layer, (n, k) in SHAPES[model].items():
+        for layer, n, k in SHAPES[model]:
             v1 = [ternary_layer(n, k) for _ in range(copies_for(ternary_bytes(n, k), dev.L2_cache_size))]
             tiled = [mma.repack(p, s, GROUP, k) for p, s in v1]
             dense = [torch.randn(n, k, device="cuda", dtype=torch.bfloat16)
