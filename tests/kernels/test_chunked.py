@@ -35,9 +35,9 @@ def test_slices_through_one_buffer_give_the_one_shot_product(rows: int, bias: bo
         out.copy_(w[r0:r1])
         return out
 
-    y = chunked.linear(x, n, dequant_rows, b, rows)
-    torch.testing.assert_close(y, torch.nn.functional.linear(x, w, b), rtol=1e-5, atol=1e-5)
-    assert y.shape == (6, n) and y.is_contiguous()
+    y = chunked.linear(x.view(2, 3, k), n, dequant_rows, b, rows)  # leading dimensions kept
+    torch.testing.assert_close(y, torch.nn.functional.linear(x, w, b).view(2, 3, n), rtol=1e-5, atol=1e-5)
+    assert y.shape == (2, 3, n) and y.is_contiguous()
     if rows >= n:
         assert seen == [(0, n)] and outs == [None]  # one piece: no buffer
     else:
@@ -53,8 +53,10 @@ def test_bf16_slices_match_the_one_shot_bf16_product() -> None:
     def dequant_rows(r0, r1, out):
         return w[r0:r1] if out is None else out.copy_(w[r0:r1])
 
-    torch.testing.assert_close(chunked.linear(x, n, dequant_rows, None, 16),
-                               torch.nn.functional.linear(x, w), rtol=2**-7, atol=1e-2)
+    b = torch.randn(n).bfloat16()
+    for bias in (None, b):  # the bias inside each slice's GEMM: the one-piece product's single rounding
+        torch.testing.assert_close(chunked.linear(x, n, dequant_rows, bias, 16),
+                                   torch.nn.functional.linear(x, w, bias), rtol=2**-7, atol=1e-2)
 
 
 def test_rows_a_chunk() -> None:

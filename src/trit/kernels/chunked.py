@@ -50,19 +50,21 @@ def rows_per_chunk(n: int, k: int, itemsize: int, budget: int, align: int = 1) -
 
 def linear(x: torch.Tensor, n: int, dequant_rows: Callable[[int, int, torch.Tensor | None], torch.Tensor],
            bias: torch.Tensor | None, rows: int) -> torch.Tensor:
-    """``x`` (M, K) times the dense weight (N, K) that ``dequant_rows(r0, r1, out)`` writes a slice of at a time
-    (rows ``r0:r1`` into ``out``, or a new tensor when ``out`` is None), plus ``bias``: (M, N).
+    """``x`` (..., K) times the dense weight (N, K) that ``dequant_rows(r0, r1, out)`` writes a slice of at a
+    time (rows ``r0:r1`` into ``out``, or a new tensor when ``out`` is None), plus ``bias``: (..., N).
 
-    ``rows >= n``: one slice, the one-shot path."""
+    ``rows >= n``: one slice, the one-shot path. Each slice's bias is added inside its GEMM (one rounding, as
+    ``F.linear`` does)."""
     if rows >= n:
         return torch.nn.functional.linear(x, dequant_rows(0, n, None), bias)
-    m, k = x.shape
-    y = torch.empty(m, n, dtype=x.dtype, device=x.device)
-    buf = torch.empty(rows, k, dtype=x.dtype, device=x.device)
+    x2 = x.reshape(-1, x.shape[-1])
+    y = torch.empty(x2.shape[0], n, dtype=x.dtype, device=x.device)
+    buf = torch.empty(rows, x2.shape[1], dtype=x.dtype, device=x.device)
     for r0 in range(0, n, rows):
         r1 = min(n, r0 + rows)
         w = dequant_rows(r0, r1, buf[: r1 - r0])
-        torch.mm(x, w.t(), out=y[:, r0:r1])  # a column slice: cuBLAS writes it with ldc = N, no copy
-    if bias is not None:
-        y += bias
-    return y
+        if bias is None:  # a column slice: cuBLAS writes it with ldc = N, no copy
+            torch.mm(x2, w.t(), out=y[:, r0:r1])
+        else:
+            torch.addmm(bias[r0:r1], x2, w.t(), out=y[:, r0:r1])
+    return y.view(*x.shape[:-1], n)
