@@ -156,7 +156,7 @@ os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
 _KEEP_CACHE = bool(os.environ.get("TRIT_TEST_CACHE"))
 _SESSION_CACHE = os.environ.get("TRIT_TEST_CACHE") or tempfile.mkdtemp(prefix="trit-test-cache-")
 # and the user's switches (layout, kernels switched off, autotuning, warm-up) do not reach them
-for _name in ("TRIT_LAYOUT", "TRIT_DISABLE_KERNELS", "TRIT_AUTOTUNE", "TRIT_WARMUP", "TRIT_DEQUANT_CHUNK_MB"):
+for _name in ("TRIT_LAYOUT", "TRIT_DISABLE_KERNELS", "TRIT_AUTOTUNE", "TRIT_WARMUP"):
     os.environ.pop(_name, None)
 os.environ["TRIT_CACHE"] = _SESSION_CACHE
 os.environ["TRIT_CALIB_CACHE"] = os.path.join(_SESSION_CACHE, "calib")

@@ -19,8 +19,7 @@ LAYERS: list[list[str]] = [
     ["trit.format", "trit.corpora", "trit.compressed"],
     ["trit.checkpoint"],
     ["trit.arch", "trit.smollm2"],
-    ["trit.quant", "trit.kernels.reference", "trit.kernels.cpu", "trit.kernels.cpu_native", "trit.kernels.tuning",
-     "trit.kernels.chunked"],
+    ["trit.quant", "trit.kernels.reference", "trit.kernels.cpu", "trit.kernels.cpu_native", "trit.kernels.tuning"],
     ["trit.rotation"],  # the rotation's checkpoint glue (trit.quant.rotate's math on a Checkpoint)
     ["trit.kernels.triton"],
     ["trit.kernels.cuda"],

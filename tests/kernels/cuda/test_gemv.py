@@ -88,22 +88,3 @@ def test_the_dequantizer_writes_the_layouts_weight(n: int, k: int, g: int) -> No
     packed, scale = random_layer(n, k, g, "cuda")
     r = mma.repack(packed, scale, g, k)
     assert torch.equal(gemv.dequantize(r).float(), mma.unpack_layout(r))
-
-
-@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a GPU")
-@pytest.mark.parametrize(("n", "k", "g"), SHAPES)
-def test_dequantize_and_cublas_in_row_chunks_match_one_piece(n: int, k: int, g: int, monkeypatch) -> None:
-    """TRIT_DEQUANT_CHUNK_MB small enough for one row tile a chunk: slices of whole row tiles (the last one
-    short where N is not a multiple of 16) through one buffer give the one-piece product (within a bf16
-    rounding: cuBLAS may sum a narrow slice in another order)."""
-    from trit.kernels.cuda import launch
-
-    packed, scale = random_layer(n, k, g, "cuda")
-    r = mma.repack(packed, scale, g, k)
-    x = torch.randn(2, 37, k, device="cuda", dtype=torch.bfloat16)
-    b = torch.randn(n, device="cuda", dtype=torch.bfloat16)
-    whole = launch.run_dequant(x, r, b)
-    monkeypatch.setenv("TRIT_DEQUANT_CHUNK_MB", str(16 * k * 2 / 2**20))
-    got = launch.run_dequant(x, r, b)
-    assert got.shape == (2, 37, n)
-    torch.testing.assert_close(got, whole, rtol=2**-7, atol=1e-3)

@@ -152,18 +152,3 @@ def test_a_larger_workspace_keeps_the_smaller_one_alive(monkeypatch: pytest.Monk
     big = mma.workspace(dev, 1000, 2000)
     assert big[0].numel() == 1000 and big[1].numel() == 2000 and not big[0].any()
     assert [w[0].numel() for w in mma._WORKSPACE[0]] == [100, 1000]  # the first still referenced
-
-
-@pytest.mark.parametrize(("n", "k", "g"), SHAPES)
-def test_a_slice_of_row_tiles_is_those_rows_of_the_layer(n: int, k: int, g: int) -> None:
-    packed, scale = random_layer(n, k, g)
-    r = mma.repack(packed, scale, g, k)
-    whole = mma.unpack_layout(r)
-    for t0, t1 in ((0, 1), (1, r.row_tiles), (0, r.row_tiles)):
-        if t0 >= t1:
-            continue
-        part = mma.row_slice(r, t0, t1)
-        assert part.n == min(n, 16 * t1) - 16 * t0
-        assert torch.equal(mma.unpack_layout(part), whole[16 * t0: 16 * t0 + part.n])
-    with pytest.raises(ValueError, match="row tiles"):
-        mma.row_slice(r, 0, r.row_tiles + 1)

@@ -171,18 +171,6 @@ def test_dequant(n: int, k: int, group: int, dtype: torch.dtype) -> None:
     check(dequant.linear(x, packed.view(torch.int32), scale, group, b).cpu(), reference_out(x, packed, scale, group, b), dtype)
 
 
-@pytest.mark.parametrize("mb", ["0.02", "1"])
-def test_dequant_in_row_chunks(mb: str, monkeypatch) -> None:
-    """TRIT_DEQUANT_CHUNK_MB: rows through one buffer (0.02 MiB: 18 rows of K = 576 in bf16, three chunks of
-    40 rows), or the whole weight where the buffer holds it; the product as in one piece."""
-    monkeypatch.setenv("TRIT_DEQUANT_CHUNK_MB", mb)
-    n, k, group = 40, 576, 64
-    packed, scale = layer(n, k, group, seed=3)
-    x, b = inputs(5, k, n, torch.bfloat16, bias=True, seed=5)
-    check(dequant.linear(x, packed.view(torch.int32), scale, group, b).cpu(), reference_out(x, packed, scale, group, b),
-          torch.bfloat16)
-
-
 @pytest.mark.parametrize("cfg", dequant.CONFIGS, ids=str)
 def test_dequant_configs(cfg) -> None:
     """Every config of the sweep space writes the same dense weight as the default (rows and words not whole blocks)."""

@@ -137,20 +137,15 @@ def linear(x: torch.Tensor, r: mma.MmaWeights, config: GemvConfig | None = None)
                   lambda per: smem_bytes(mg, per, r.group_size), x, r, cfg.splits, cfg.warps * cfg.rt, cfg.warps)
 
 
-def dequantize(r: mma.MmaWeights, out: torch.Tensor | None = None) -> torch.Tensor:
-    """The dense bf16 weight (N, K) of a layer in the mma layout, on its GPU (equal to ``unpack_layout``), into
-    ``out`` (contiguous (N, K) bf16) when given; ``r`` may be a slice of a layer's row tiles (``mma.row_slice``)."""
+def dequantize(r: mma.MmaWeights) -> torch.Tensor:
+    """The dense bf16 weight (N, K) of a layer in the mma layout, on its GPU (equal to ``unpack_layout``)."""
     import ctypes
 
     from trit.kernels.cuda import nvrtc
 
     if r.k % 8:
         raise ValueError(f"trit_dequant writes 16-byte chunks: K = {r.k} must be a multiple of 8")
-    if out is None:
-        out = torch.empty(r.n, r.k, dtype=torch.bfloat16, device=r.wq.device)
-    elif out.shape != (r.n, r.k) or out.dtype != torch.bfloat16 or not out.is_contiguous():
-        raise ValueError(f"trit_dequant writes a contiguous ({r.n}, {r.k}) bf16 tensor, got {out.dtype} "
-                         f"{tuple(out.shape)}{'' if out.is_contiguous() else ' (not contiguous)'}")
+    out = torch.empty(r.n, r.k, dtype=torch.bfloat16, device=r.wq.device)
     kern = nvrtc.load(source(), "trit_dequant")
     warps = r.row_tiles * r.k_steps  # a warp a (tile, step), four a block
     gs = 0 if r.group_size == fmt.PER_ROW else r.group_size

@@ -20,7 +20,7 @@ import os
 
 import torch
 
-from trit.kernels import chunked, tuning
+from trit.kernels import tuning
 from trit.kernels.cuda import gemv, imma, mma, wgmma
 
 log = logging.getLogger(__name__)
@@ -223,14 +223,7 @@ def run_wgmma(x: torch.Tensor, r: mma.MmaWeights, bias: torch.Tensor | None) -> 
 
 
 def run_dequant(x: torch.Tensor, r: mma.MmaWeights, bias: torch.Tensor | None) -> torch.Tensor:
-    """Dequantize, then cuBLAS: in one piece, or in row chunks of whole row tiles (``TRIT_DEQUANT_CHUNK_MB``)."""
-    rows = chunked.rows_per_chunk(r.n, r.k, 2, chunked.chunk_bytes(), mma.ROW_TILE)
-
-    def dequant_rows(r0: int, r1: int, out: torch.Tensor | None) -> torch.Tensor:
-        t0, t1 = r0 // mma.ROW_TILE, -(-r1 // mma.ROW_TILE)
-        return gemv.dequantize(r if (t0, t1) == (0, r.row_tiles) else mma.row_slice(r, t0, t1), out)
-
-    return chunked.linear(x, r.n, dequant_rows, bias, rows)
+    return torch.nn.functional.linear(x, gemv.dequantize(r), bias)
 
 
 def reference(x: torch.Tensor, r: mma.MmaWeights, bias: torch.Tensor | None) -> torch.Tensor:

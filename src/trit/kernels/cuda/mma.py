@@ -152,14 +152,6 @@ def layout_scales(r: MmaWeights) -> torch.Tensor:
     return s16.view(torch.bfloat16).float()
 
 
-def row_slice(r: MmaWeights, t0: int, t1: int) -> MmaWeights:
-    """Row tiles ``t0:t1`` of a layer (rows ``16 t0`` up to ``16 t1`` or N): views of its codes and scales, in
-    the same layout, so a kernel that takes a layer takes the slice."""
-    if not 0 <= t0 < t1 <= r.row_tiles:
-        raise ValueError(f"row tiles {t0}:{t1} of a layer of {r.row_tiles}")
-    return replace(r, wq=r.wq[t0:t1], sc=r.sc[t0:t1], n=min(r.n, ROW_TILE * t1) - ROW_TILE * t0)
-
-
 def unpack_layout(r: MmaWeights) -> torch.Tensor:
     """The dense float32 weight (N, K) that the kernel computes with, decoded from the layout as it does."""
     values = (layout_codes(r) - 1).float()

@@ -18,7 +18,6 @@ import triton
 import triton.language as tl
 
 from trit import format as fmt
-from trit.kernels import chunked
 from trit.kernels.triton.codes import decode_pairs, interpreting
 
 
@@ -98,8 +97,5 @@ def dequantize(
 
 def linear(x: torch.Tensor, words: torch.Tensor, scale: torch.Tensor, group_size: int,
            bias: torch.Tensor | None = None) -> torch.Tensor:  # (M, K) -> (M, N)
-    """Dequantize, then cuBLAS: in one piece, or in row chunks through one buffer (``TRIT_DEQUANT_CHUNK_MB``)."""
-    n, k = words.shape[0], x.shape[-1]
-    rows = chunked.rows_per_chunk(n, k, x.element_size(), chunked.chunk_bytes())
-    return chunked.linear(
-        x, n, lambda r0, r1, out: dequantize(words[r0:r1], scale[r0:r1], group_size, k, x.dtype, out=out), bias, rows)
+    w = dequantize(words, scale, group_size, x.shape[-1], x.dtype)
+    return torch.nn.functional.linear(x, w, bias)
