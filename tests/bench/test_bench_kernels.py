@@ -1,7 +1,9 @@
-"""``trit bench kernels`` without a GPU: its layer shapes, and the refusal of a model it has none for."""
+"""``trit bench kernels`` without a GPU: its layer shapes, the refusal of a model it has none for, and the
+environment its JSON records."""
 
 from __future__ import annotations
 
+import json
 from pathlib import Path
 
 import pytest
@@ -23,3 +25,20 @@ def test_an_unknown_model_is_refused_by_name(tmp_path: Path, capsys: pytest.Capt
     err = capsys.readouterr().err
     assert "no layer shapes for nope" in err and "27b" in err
     assert not (tmp_path / "out").exists()  # nothing written
+
+
+def test_the_written_json_records_the_trit_environment(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """A run under ``TRIT_LAYOUT=mma`` (or any ``TRIT_`` switch) says so in ``kernels.json``; other variables do not
+    appear. The device is stubbed: the file is written the same way without a GPU."""
+    monkeypatch.setenv("TRIT_LAYOUT", "mma")
+    monkeypatch.setenv("NOT_TRIT_VAR", "x")
+    monkeypatch.setattr(kernels.torch.cuda, "get_device_name", lambda *a: "stub GPU")
+    row = kernels.Row(model="llama3-8b", layer="o", n=4096, k=4096, m=1, kernel="cuda_gemv", trit_us=2.0,
+                      bf16_us=6.0, reference_us=50.0, trit_bytes=1, bf16_bytes=1, trit_gbps=1.0, bf16_gbps=1.0,
+                      trit_frac_copy_bw=0.5, speedup_vs_bf16=3.0, rel_err_vs_reference=0.0)
+    result = kernels._write(tmp_path, [row], {}, 3e12, 50 * 2**20, 0.0)
+    on_disk = json.loads((tmp_path / "kernels.json").read_text())
+    assert on_disk == result
+    assert on_disk["env"]["TRIT_LAYOUT"] == "mma"
+    assert "NOT_TRIT_VAR" not in on_disk["env"]
+    assert on_disk["device"] == "stub GPU"

@@ -25,6 +25,7 @@ from __future__ import annotations
 import dataclasses
 import json
 import math
+import os
 import platform
 import sys
 import time
@@ -284,6 +285,7 @@ def _write(out_dir: Path, rows: list[Row], tuned: dict, copy_bw: float, l2: int,
                 summary[f"{model} M={m}"] = sum(r.bf16_us for r in sel) / sum(r.trit_us for r in sel)
     result = {
         "command": " ".join(sys.argv),
+        "env": {k: v for k, v in sorted(os.environ.items()) if k.startswith("TRIT_")},  # TRIT_LAYOUT, ...
         "device": torch.cuda.get_device_name(),
         "torch": torch.__version__,
         "triton": __import__("triton").__version__,
