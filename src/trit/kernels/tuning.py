@@ -2,8 +2,9 @@
 
 A config is looked up by ``(kernel, M bucket, N, K, group, dtype)``, and so is
 the kernel the table found fastest for that problem (``choice``). The
-package ships tables tuned on an H200 for common shapes
-(``kernels/tuned/*.json``, written by ``trit bench kernels``); a problem that
+package ships tables for common shapes (``kernels/tuned/*.json``, written by
+``trit bench kernels``): one tuned on an H200, read on every GPU, and tables
+tuned on other GPUs, each read after it on a GPU of its family; a problem that
 misses gets the kernel's heuristic default at once, so the first call never
 waits. With ``TRIT_AUTOTUNE=1`` a miss is tuned instead (a few dozen configs,
 each timed with ``triton.testing.do_bench``, outside CUDA graph capture) and the
@@ -28,6 +29,7 @@ from trit.cache import cache_dir, write_atomic
 
 C = TypeVar("C")
 SHIPPED = Path(__file__).parent / "tuned"
+DEFAULT_TABLE = "h200.json"  # read on every GPU; a table tuned on this GPU's family is read after it
 _LOCK = threading.Lock()
 _TABLES: dict[str, dict[str, dict[str, Any]]] | None = None
 _GENERATION = 0  # bumped whenever a kernel choice may have changed: choices remembered before are stale
@@ -51,12 +53,38 @@ def cache_file() -> Path:
     return cache_dir() / "tuned.json"
 
 
+def _family(device: str) -> str | None:
+    """The GPU's model, without its variant: ``H100`` of ``NVIDIA H100 80GB HBM3`` and of ``NVIDIA H100 PCIe``,
+    ``A100`` of ``NVIDIA A100-SXM4-80GB``, ``4090`` of ``NVIDIA GeForce RTX 4090`` (the first word with a digit,
+    up to a dash); a table tuned on one variant serves the others."""
+    word = next((w for w in device.split() if any(c.isdigit() for c in w)), None)
+    return word.split("-")[0] if word else None
+
+
+def _device_name() -> str | None:
+    return torch.cuda.get_device_name(torch.cuda.current_device()) if torch.cuda.is_available() else None
+
+
+def shipped_tables(device: str | None) -> list[Path]:
+    """The shipped tables a process on ``device`` reads, in order, each later one overriding the earlier ones:
+    :data:`DEFAULT_TABLE` (tuned on an H200) for every GPU, then any other table tuned on a GPU of the same
+    family (its ``device`` field), such as ``h100.json`` on an H100. A table of another GPU is not read, so its
+    choices never stand in for measurements on this one."""
+    default = SHIPPED / DEFAULT_TABLE
+    paths = [default]
+    for path in sorted(SHIPPED.glob("*.json")):
+        if path != default and device is not None and _family(device) is not None and \
+                _family(json.loads(path.read_text()).get("device", "")) == _family(device):
+            paths.append(path)
+    return paths
+
+
 def _tables() -> dict[str, dict[str, dict[str, Any]]]:
     global _TABLES
     with _LOCK:
         if _TABLES is None:
             tables: dict[str, dict[str, dict[str, Any]]] = {}
-            for path in [*sorted(SHIPPED.glob("*.json")), cache_file()]:
+            for path in [*shipped_tables(_device_name()), cache_file()]:
                 if path.is_file():
                     data = json.loads(path.read_text())
                     for kernel, entries in data.get("configs", {}).items():
