@@ -93,11 +93,14 @@ def test_every_width_group_and_copy_shape_compiles_for_sm_90a() -> None:
 def test_the_shipped_configs_are_valid_and_fit() -> None:
     from trit.kernels import tuning
 
-    table = json.loads((tuning.SHIPPED / "h200.json").read_text())["configs"]["cuda_wgmma"]
-    assert table
-    for key, entry in table.items():
-        cfg, g = wgmma.WgmmaConfig(**entry), int(key.split(",")[3])
-        assert wgmma.valid(cfg) and wgmma.smem_bytes(cfg, g) <= wgmma.SMEM_LIMIT, key
+    tables = sorted(tuning.SHIPPED.glob("*.json"))
+    assert len(tables) >= 2  # the H200's and the H100's
+    for path in tables:
+        table = json.loads(path.read_text())["configs"]["cuda_wgmma"]
+        assert table, path.name
+        for key, entry in table.items():
+            cfg, g = wgmma.WgmmaConfig(**entry), int(key.split(",")[3])
+            assert wgmma.valid(cfg) and wgmma.smem_bytes(cfg, g) <= wgmma.SMEM_LIMIT, (path.name, key)
 
 
 def _sm90() -> bool:
