@@ -319,7 +319,9 @@ def _bench_parser(sub) -> None:
     bsub = b.add_subparsers(dest="what", required=True)
     k = _command(bsub, "kernels", "trit::linear against bf16 cuBLAS on Llama-3-8B, Qwen2-1.5B and 27B layer shapes",
                  "CUDA-graph replays, weights rotated past the L2, the copy bandwidth of the same run; tunes each\n"
-                 "problem's kernel configs first unless told not to.",
+                 "problem's kernel configs first unless told not to. A table written with --tuned-out and copied\n"
+                 "into src/trit/kernels/tuned/ ships: h200.json is read on every GPU, any other table on a GPU\n"
+                 "of the model named in its device field (h100.json on an H100), after h200.json.",
                  "trit bench kernels --tune-ms 4,16,64 --out benchmarks/results --tuned-out h200.json")
     k.add_argument("--out", type=Path, default=Path("benchmarks/results"), help="folder for kernels.json/png")
     k.add_argument("--quick", action="store_true", help="M in {1, 4} only")
