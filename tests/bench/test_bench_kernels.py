@@ -1,5 +1,5 @@
-"""``trit bench kernels`` without a GPU: its layer shapes, the refusal of a model it has none for, and the
-environment its JSON records."""
+"""``trit bench kernels`` without a GPU: its layer shapes, the refusal of a model it has none for, the
+environment its JSON records, and the refusal to merge into another GPU's table."""
 
 from __future__ import annotations
 
@@ -30,6 +30,7 @@ def test_an_unknown_model_is_refused_by_name(tmp_path: Path, capsys: pytest.Capt
 def test_the_written_json_records_the_trit_environment(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     """A run under ``TRIT_LAYOUT=mma`` (or any ``TRIT_`` switch) says so in ``kernels.json``; other variables do not
     appear. The device is stubbed: the file is written the same way without a GPU."""
+    pytest.importorskip("triton")  # the JSON records its version
     monkeypatch.setenv("TRIT_LAYOUT", "mma")
     monkeypatch.setenv("NOT_TRIT_VAR", "x")
     monkeypatch.setattr(kernels.torch.cuda, "get_device_name", lambda *a: "stub GPU")
@@ -42,3 +43,18 @@ def test_the_written_json_records_the_trit_environment(tmp_path: Path, monkeypat
     assert on_disk["env"]["TRIT_LAYOUT"] == "mma"
     assert "NOT_TRIT_VAR" not in on_disk["env"]
     assert on_disk["device"] == "stub GPU"
+
+
+def test_a_table_of_another_gpu_model_is_not_merged_into(tmp_path: Path) -> None:
+    """``--tuned-out`` onto a table tuned on another GPU model is refused before any work (a merge would mix the
+    two GPUs' entries under this one's name); a table of the same model, a new file, or none are taken."""
+    h100 = tmp_path / "h100.json"
+    h100.write_text(json.dumps({"device": "NVIDIA H100 80GB HBM3", "configs": {}, "choice": {}}))
+    why = kernels.table_mismatch(h100, "NVIDIA H200")
+    assert why is not None and str(h100) in why and "NVIDIA H100 80GB HBM3" in why and "NVIDIA H200" in why
+    assert kernels.table_mismatch(h100, "NVIDIA H100 PCIe") is None
+    assert kernels.table_mismatch(tmp_path / "new.json", "NVIDIA H200") is None
+    assert kernels.table_mismatch(None, "NVIDIA H200") is None
+    broken = tmp_path / "broken.json"
+    broken.write_text("{not json")
+    assert "not a tuned table" in kernels.table_mismatch(broken, "NVIDIA H200")

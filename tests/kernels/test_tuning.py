@@ -1,4 +1,4 @@
-"""Which shipped tuned tables a process reads: the H200's everywhere, then one tuned on this GPU's family."""
+"""Which shipped tuned tables a process reads: the H200's everywhere, then those tuned on this GPU's model."""
 
 from __future__ import annotations
 
@@ -10,6 +10,8 @@ import torch
 
 from trit.kernels import tuning
 
+KEY = tuning.key(256, 4096, 14336, 64, torch.bfloat16)
+
 
 def _table(folder: Path, name: str, device: str, choice_mma: dict[str, str]) -> Path:
     path = folder / name
@@ -20,48 +22,92 @@ def _table(folder: Path, name: str, device: str, choice_mma: dict[str, str]) -> 
 
 @pytest.fixture
 def shipped(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> dict[str, Path]:
+    """A tuned folder whose file names sort so that a table wrongly read would win: each other GPU's sorts last."""
     folder = tmp_path / "tuned"
     folder.mkdir()
-    key = tuning.key(256, 4096, 14336, 64, torch.bfloat16)
     paths = {
-        "h200": _table(folder, "h200.json", "NVIDIA H200", {key: "cuda_dequant_cublas"}),
-        "h100": _table(folder, "h100.json", "NVIDIA H100 80GB HBM3", {key: "cuda_wgmma"}),
-        "a100": _table(folder, "a100.json", "NVIDIA A100-SXM4-80GB", {key: "cuda_mma"}),
+        "h200": _table(folder, "h200.json", "NVIDIA H200", {KEY: "cuda_dequant_cublas"}),
+        "h100": _table(folder, "h100.json", "NVIDIA H100 80GB HBM3", {KEY: "cuda_wgmma"}),
+        "h100pcie": _table(folder, "a_h100_pcie.json", "NVIDIA H100 PCIe", {KEY: "cuda_imma"}),
+        "a100": _table(folder, "z_a100.json", "NVIDIA A100-SXM4-80GB", {KEY: "cuda_mma"}),
+        "rtx6000": _table(folder, "z_rtx6000.json", "Quadro RTX 6000", {KEY: "cuda_gemv"}),
     }
     monkeypatch.setattr(tuning, "SHIPPED", folder)
     monkeypatch.setenv("TRIT_CACHE", str(tmp_path / "cache"))  # no user cache
     monkeypatch.setattr(tuning, "_TABLES", None)
+    monkeypatch.setattr(tuning, "_TABLES_DEVICE", None)
     return paths
 
 
-@pytest.mark.parametrize(("device", "want"), [
-    (None, ["h200"]),                                  # no GPU: the default table
-    ("NVIDIA H200", ["h200"]),                          # read once
-    ("NVIDIA H100 80GB HBM3", ["h200", "h100"]),        # the device the table was tuned on
-    ("NVIDIA H100 PCIe", ["h200", "h100"]),             # another H100
-    ("NVIDIA A100 80GB PCIe", ["h200", "a100"]),
-    ("NVIDIA GeForce RTX 4090", ["h200"]),              # no table of its family
-    ("Some GPU", ["h200"]),                             # a name without a model number
+@pytest.mark.parametrize(("device", "family"), [
+    ("NVIDIA H100 80GB HBM3", "H100"), ("NVIDIA H100 PCIe", "H100"), ("NVIDIA H100 NVL", "H100"),
+    ("NVIDIA H200", "H200"), ("NVIDIA H200 NVL", "H200"), ("NVIDIA GH200 480GB", "GH200"),
+    ("NVIDIA A100-SXM4-80GB", "A100"), ("NVIDIA A100 80GB PCIe", "A100"), ("NVIDIA L40S", "L40S"),
+    ("Tesla V100-SXM2-16GB", "V100"),
+    # bare numbers recur across generations: only the exact name
+    ("NVIDIA GeForce RTX 4090", "NVIDIA GeForce RTX 4090"), ("Quadro RTX 6000", "Quadro RTX 6000"),
+    ("NVIDIA RTX 6000 Ada Generation", "NVIDIA RTX 6000 Ada Generation"),
 ])
-def test_the_default_table_then_the_tables_of_this_gpus_family(shipped: dict[str, Path], device: str | None,
-                                                               want: list[str]) -> None:
+def test_the_model_a_table_is_read_on(device: str, family: str) -> None:
+    assert tuning.family(device) == family
+
+
+@pytest.mark.parametrize(("device", "want"), [
+    (None, ["h200"]),                                            # no GPU in use: the default table
+    ("NVIDIA H200", ["h200"]),                                   # read once
+    ("NVIDIA H100 80GB HBM3", ["h200", "h100pcie", "h100"]),     # its model's tables, its own last
+    ("NVIDIA H100 PCIe", ["h200", "h100", "h100pcie"]),
+    ("NVIDIA H100 NVL", ["h200", "h100pcie", "h100"]),           # no exact table: the model's, by name
+    ("NVIDIA A100 80GB PCIe", ["h200", "a100"]),
+    ("NVIDIA RTX 6000 Ada Generation", ["h200"]),                # not the Quadro's table
+    ("Quadro RTX 6000", ["h200", "rtx6000"]),
+])
+def test_the_default_table_then_the_tables_of_this_gpus_model(shipped: dict[str, Path], device: str | None,
+                                                              want: list[str]) -> None:
     assert tuning.shipped_tables(device) == [shipped[name] for name in want]
 
 
-def test_a_family_table_overrides_the_default_and_another_gpus_table_is_not_read(
+def test_this_gpus_tables_override_the_default_and_another_gpus_are_not_read(
         shipped: dict[str, Path], monkeypatch: pytest.MonkeyPatch) -> None:
-    key = tuning.key(256, 4096, 14336, 64, torch.bfloat16)
-    for device, want in (("NVIDIA H100 80GB HBM3", "cuda_wgmma"), ("NVIDIA H200", "cuda_dequant_cublas"),
-                         ("NVIDIA A100-SXM4-40GB", "cuda_mma")):
+    for device, want in (("NVIDIA H100 80GB HBM3", "cuda_wgmma"), ("NVIDIA H100 PCIe", "cuda_imma"),
+                         ("NVIDIA H200", "cuda_dequant_cublas"), ("NVIDIA A100-SXM4-40GB", "cuda_mma"),
+                         ("NVIDIA GeForce RTX 4090", "cuda_dequant_cublas")):
         monkeypatch.setattr(tuning, "_device_name", lambda device=device: device)
         tuning.reset()
-        assert tuning.preferred(key, "choice_mma") == want, device
-    tuning.reset()
+        assert tuning.preferred(KEY, "choice_mma") == want, device
+
+
+def test_the_tables_are_read_again_once_cuda_is_in_use(shipped: dict[str, Path],
+                                                       monkeypatch: pytest.MonkeyPatch) -> None:
+    """Read first before any CUDA work (no device: the default table), then on the GPU: its own table counts,
+    and choices remembered from the first reading are stale."""
+    device: list[str | None] = [None]
+    monkeypatch.setattr(tuning, "_device_name", lambda: device[0])
+    assert tuning.preferred(KEY, "choice_mma") == "cuda_dequant_cublas"
+    generation = tuning._GENERATION
+    device[0] = "NVIDIA H100 80GB HBM3"
+    assert tuning.preferred(KEY, "choice_mma") == "cuda_wgmma"
+    assert tuning._GENERATION != generation
+    generation = tuning._GENERATION
+    assert tuning.preferred(KEY, "choice_mma") == "cuda_wgmma"  # not read a third time
+    assert tuning._GENERATION == generation
+
+
+def test_picking_a_table_does_not_start_cuda() -> None:
+    """Without CUDA in use (this CPU run, or a GPU host's CPU path) no device is asked for."""
+    if torch.cuda.is_available() and torch.cuda.is_initialized():
+        pytest.skip("this process already uses CUDA")
+    assert tuning._device_name() is None
+    assert not torch.cuda.is_initialized()
 
 
 def test_the_shipped_tables_name_their_device() -> None:
-    """Every table the package ships says which GPU it was tuned on, which is how a process picks it."""
-    paths = sorted(Path(tuning.__file__).parent.joinpath("tuned").glob("*.json"))
-    assert any(p.name == tuning.DEFAULT_TABLE for p in paths)
+    """Every table the package ships says which GPU it was tuned on, which is how a process picks it; on an
+    H100 80GB HBM3 the H100 table is read after the H200's."""
+    paths = sorted(tuning.SHIPPED.glob("*.json"))
+    assert tuning.SHIPPED / tuning.DEFAULT_TABLE in paths
     for path in paths:
-        assert tuning._family(json.loads(path.read_text())["device"]) is not None, path.name
+        assert json.loads(path.read_text())["device"], path.name
+    assert tuning.shipped_tables("NVIDIA H100 80GB HBM3") == [tuning.SHIPPED / "h200.json",
+                                                             tuning.SHIPPED / "h100.json"]
+    assert tuning.shipped_tables("NVIDIA H200") == [tuning.SHIPPED / "h200.json"]

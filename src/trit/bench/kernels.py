@@ -232,6 +232,23 @@ def guard_report(result: dict) -> Report:
     return rep
 
 
+def table_mismatch(path: Path | None, device: str) -> str | None:
+    """Why ``--tuned-out path`` cannot take this GPU's results: an existing table tuned on a GPU of another
+    model, which a merge would mix and relabel (``None``: it can)."""
+    from trit.kernels import tuning
+
+    if path is None or not path.is_file():
+        return None
+    try:
+        tuned_on = json.loads(path.read_text()).get("device")
+    except (OSError, ValueError) as e:
+        return f"{path}: not a tuned table ({e})"
+    if tuned_on and tuning.family(tuned_on) != tuning.family(device):
+        return (f"{path} was tuned on {tuned_on}, this GPU is {device}: write this GPU's table to another file "
+                "(--tuned-out)")
+    return None
+
+
 def write_table(path: Path, tuned: dict, command: str) -> None:
     """Write the tuned configs and kernel choices; an existing table keeps the problems this run did not tune."""
     table = json.loads(path.read_text()) if path.is_file() else {"configs": {}, "choice": {}}
@@ -319,6 +336,10 @@ def main(out_dir: Path, quick: bool = False, tune: bool = True, tuned_out: Path 
         return 2
     if not torch.cuda.is_available():
         print("trit bench kernels needs a CUDA GPU", file=sys.stderr)
+        return 2
+    why = table_mismatch(tuned_out, torch.cuda.get_device_name())
+    if why:
+        print(f"trit bench kernels: {why}", file=sys.stderr)
         return 2
     out_dir.mkdir(parents=True, exist_ok=True)
     l2 = torch.cuda.get_device_properties(0).L2_cache_size

@@ -32,6 +32,7 @@ SHIPPED = Path(__file__).parent / "tuned"
 DEFAULT_TABLE = "h200.json"  # read on every GPU; a table tuned on this GPU's family is read after it
 _LOCK = threading.Lock()
 _TABLES: dict[str, dict[str, dict[str, Any]]] | None = None
+_TABLES_DEVICE: str | None = None  # the GPU whose shipped tables _TABLES holds (None: the default table only)
 _GENERATION = 0  # bumped whenever a kernel choice may have changed: choices remembered before are stale
 
 
@@ -53,45 +54,64 @@ def cache_file() -> Path:
     return cache_dir() / "tuned.json"
 
 
-def _family(device: str) -> str | None:
-    """The GPU's model, without its variant: ``H100`` of ``NVIDIA H100 80GB HBM3`` and of ``NVIDIA H100 PCIe``,
-    ``A100`` of ``NVIDIA A100-SXM4-80GB``, ``4090`` of ``NVIDIA GeForce RTX 4090`` (the first word with a digit,
-    up to a dash); a table tuned on one variant serves the others."""
-    word = next((w for w in device.split() if any(c.isdigit() for c in w)), None)
-    return word.split("-")[0] if word else None
+def family(device: str) -> str:
+    """The GPU model a shipped table is read on. A model word of letters and digits (``H100``, ``A100``,
+    ``L40S``), up to a dash, names every variant of that model: ``H100`` of ``NVIDIA H100 80GB HBM3``, ``NVIDIA
+    H100 PCIe`` and ``NVIDIA H100 NVL``, ``A100`` of ``NVIDIA A100-SXM4-80GB``. A name without such a word
+    (``NVIDIA GeForce RTX 4090``, ``Quadro RTX 6000``, whose bare numbers recur across generations) is its own
+    family: only a table tuned on that exact name is read on it."""
+    for word in device.split():
+        head = word.split("-")[0]
+        if any(c.isdigit() for c in head) and any(c.isalpha() for c in head):
+            return head
+    return device
 
 
 def _device_name() -> str | None:
-    return torch.cuda.get_device_name(torch.cuda.current_device()) if torch.cuda.is_available() else None
+    """The current GPU's name where this process already uses CUDA, else ``None``: picking a table never starts
+    CUDA itself (a CPU-only run, or a forked worker whose parent holds a context, must not)."""
+    try:
+        if torch.cuda.is_available() and torch.cuda.is_initialized():
+            return torch.cuda.get_device_name(torch.cuda.current_device())
+    except RuntimeError:
+        pass
+    return None
 
 
 def shipped_tables(device: str | None) -> list[Path]:
     """The shipped tables a process on ``device`` reads, in order, each later one overriding the earlier ones:
-    :data:`DEFAULT_TABLE` (tuned on an H200) for every GPU, then any other table tuned on a GPU of the same
-    family (its ``device`` field), such as ``h100.json`` on an H100. A table of another GPU is not read, so its
-    choices never stand in for measurements on this one."""
+    :data:`DEFAULT_TABLE` (tuned on an H200) for every GPU, then the tables tuned on a GPU of the same
+    :func:`family` (their ``device`` field; ``h100.json`` on any H100), one tuned on this exact device last. A
+    shipped table of another GPU is not read, so its choices never stand in for measurements on this one."""
     default = SHIPPED / DEFAULT_TABLE
-    paths = [default]
+    same, exact = [], []
     for path in sorted(SHIPPED.glob("*.json")):
-        if path != default and device is not None and _family(device) is not None and \
-                _family(json.loads(path.read_text()).get("device", "")) == _family(device):
-            paths.append(path)
-    return paths
+        tuned_on = json.loads(path.read_text()).get("device", "")
+        if path != default and device is not None and family(tuned_on) == family(device):
+            (exact if tuned_on == device else same).append(path)
+    return [default, *same, *exact]
 
 
 def _tables() -> dict[str, dict[str, dict[str, Any]]]:
-    global _TABLES
+    """The tables as this process reads them: the shipped ones for its GPU, then ``$TRIT_CACHE/tuned.json``
+    (which records no device and is read on any). Read again, from the files, if this process has begun to use
+    CUDA since they were read without a device (what ``prefer`` and ``remember`` recorded in memory before
+    then is dropped: ``trit bench kernels`` records only after it has started CUDA)."""
+    global _TABLES, _TABLES_DEVICE
     with _LOCK:
-        if _TABLES is None:
+        device = _device_name()
+        if _TABLES is None or (device is not None and device != _TABLES_DEVICE):
+            if _TABLES is not None:
+                _bump()  # read again for this GPU: choices made from the default table are stale
             tables: dict[str, dict[str, dict[str, Any]]] = {}
-            for path in [*shipped_tables(_device_name()), cache_file()]:
+            for path in [*shipped_tables(device), cache_file()]:
                 if path.is_file():
                     data = json.loads(path.read_text())
                     for kernel, entries in data.get("configs", {}).items():
                         tables.setdefault(kernel, {}).update(entries)
                     for table in ("choice", "choice_mma"):  # format v1's kernels; the mma layout's
                         tables.setdefault(table, {}).update(data.get(table, {}))
-            _TABLES = tables
+            _TABLES, _TABLES_DEVICE = tables, device
         return _TABLES
 
 
@@ -186,9 +206,9 @@ def autotune_enabled() -> bool:
 
 def reset() -> None:
     """Forget the loaded tables (tests, and after writing a new shipped table)."""
-    global _TABLES
+    global _TABLES, _TABLES_DEVICE
     with _LOCK:
-        _TABLES = None
+        _TABLES, _TABLES_DEVICE = None, None
         _bump()
 
 

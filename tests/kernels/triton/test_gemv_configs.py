@@ -60,13 +60,14 @@ def test_shipped_table_names_candidates_and_valid_configs(table: str) -> None:
 
     data = json.loads((tuning.SHIPPED / table).read_text())
     names = {k.name for k in registry.candidates()}
-    assert data["choice"] and all(f"triton_{c}" in names for c in data["choice"].values())
-    assert data["choice_mma"] and all(c in names for c in data["choice_mma"].values())  # the mma layout's
+    assert data.get("choice") or data.get("choice_mma")
+    assert all(f"triton_{c}" in names for c in data.get("choice", {}).values())
+    assert all(c in names for c in data.get("choice_mma", {}).values())  # the mma layout's
     types = {"gemv": gemv.GemvConfig, "gemm": gemm.GemmConfig, "skinny": skinny.SkinnyConfig,
              "cuda_gemv": cuda_gemv.GemvConfig, "cuda_imma": imma.ImmaConfig, "cuda_mma": mma.MmaConfig, "cuda_wgmma": wgmma.WgmmaConfig}
     assert set(data["configs"]) <= set(types)
     if table == tuning.DEFAULT_TABLE:
-        assert set(data["configs"]) == set(types)
+        assert data["choice"] and data["choice_mma"] and set(data["configs"]) == set(types)
     for kernel, entries in data["configs"].items():
         for cfg in entries.values():
             types[kernel](**cfg)

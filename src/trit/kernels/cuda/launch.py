@@ -117,9 +117,9 @@ def _refusal(p, max_m: int, what: str) -> str | None:
 
 def _choice(p) -> str | None:
     """The mma-layout kernel the tuned table measured fastest for this problem, if it holds one and that kernel
-    can take the problem here: the shipped table was measured on an H200, so on another GPU (no wgmma) or with
-    the kernel switched off its choice is passed over and the rules decide, rather than sending the layer past
-    every kernel the table did not name."""
+    can take the problem here: on a GPU without a table of its own the H200's is read, so on one without wgmma,
+    or with the kernel switched off, its choice is passed over and the rules decide, rather than sending the
+    layer past every kernel the table did not name."""
     choice = tuning.preferred(tuning.key(p.m, p.n, p.k, p.group_size, p.dtype), "choice_mma")
     return choice if choice is None or _usable(choice, p) else None
 
