@@ -71,7 +71,7 @@ def _device_name() -> str | None:
     """The current GPU's name where this process already uses CUDA, else ``None``: picking a table never starts
     CUDA itself (a CPU-only run, or a forked worker whose parent holds a context, must not)."""
     try:
-        if torch.cuda.is_available() and torch.cuda.is_initialized():
+        if torch.cuda.is_initialized():  # a flag: cheap on every lookup until a GPU is found
             return torch.cuda.get_device_name(torch.cuda.current_device())
     except RuntimeError:
         pass
@@ -99,7 +99,7 @@ def _tables() -> dict[str, dict[str, dict[str, Any]]]:
     then is dropped: ``trit bench kernels`` records only after it has started CUDA)."""
     global _TABLES, _TABLES_DEVICE
     with _LOCK:
-        device = _device_name()
+        device = _TABLES_DEVICE or _device_name()  # a process's GPU is asked for until it has one
         if _TABLES is None or (device is not None and device != _TABLES_DEVICE):
             if _TABLES is not None:
                 _bump()  # read again for this GPU: choices made from the default table are stale
