@@ -8,7 +8,8 @@ tuned on other GPUs, each read after it on a GPU of its family; a problem that
 misses gets the kernel's heuristic default at once, so the first call never
 waits. With ``TRIT_AUTOTUNE=1`` a miss is tuned instead (a few dozen configs,
 each timed with ``triton.testing.do_bench``, outside CUDA graph capture) and the
-winner is kept in ``$TRIT_CACHE/tuned.json`` for the next process. Times are
+winner is kept in ``$TRIT_CACHE/tuned-<GPU name>.json`` for the next process on
+that GPU. Times are
 CUDA graph replays, so that the host's launch overhead does not hide the
 device time of few-microsecond kernels.
 """
@@ -17,6 +18,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import threading
 from collections.abc import Callable, Sequence
 from dataclasses import asdict
@@ -50,8 +52,13 @@ def key(m: int, n: int, k: int, group_size: int, dtype: torch.dtype) -> str:
     return f"{m_bucket(m)},{n},{k},{group_size},{str(dtype).removeprefix('torch.')}"
 
 
-def cache_file() -> Path:
-    return cache_dir() / "tuned.json"
+def cache_file(device: str | None) -> Path | None:
+    """``$TRIT_CACHE/tuned-<device>.json``: what ``TRIT_AUTOTUNE=1`` tuned on this exact GPU, kept apart from
+    other GPUs' (a home directory shared by a cluster's nodes), so a config that fits one GPU's shared memory is
+    never tried on another; ``None`` before this process uses a GPU."""
+    if device is None:
+        return None
+    return cache_dir() / f"tuned-{re.sub(r'[^A-Za-z0-9]+', '-', device).strip('-')}.json"
 
 
 def family(device: str) -> str:
@@ -93,8 +100,8 @@ def shipped_tables(device: str | None) -> list[Path]:
 
 
 def _tables() -> dict[str, dict[str, dict[str, Any]]]:
-    """The tables as this process reads them: the shipped ones for its GPU, then ``$TRIT_CACHE/tuned.json``
-    (which records no device and is read on any). Read again, from the files, if this process has begun to use
+    """The tables as this process reads them: the shipped ones for its GPU, then what autotuning kept for this
+    exact GPU (:func:`cache_file`). Read again, from the files, if this process has begun to use
     CUDA since they were read without a device (what ``prefer`` and ``remember`` recorded in memory before
     then is dropped: ``trit bench kernels`` records only after it has started CUDA)."""
     global _TABLES, _TABLES_DEVICE
@@ -104,8 +111,8 @@ def _tables() -> dict[str, dict[str, dict[str, Any]]]:
             if _TABLES is not None:
                 _bump()  # read again for this GPU: choices made from the default table are stale
             tables: dict[str, dict[str, dict[str, Any]]] = {}
-            for path in [*shipped_tables(device), cache_file()]:
-                if path.is_file():
+            for path in [*shipped_tables(device), cache_file(device)]:
+                if path is not None and path.is_file():
                     data = json.loads(path.read_text())
                     for kernel, entries in data.get("configs", {}).items():
                         tables.setdefault(kernel, {}).update(entries)
@@ -138,9 +145,10 @@ def remember(kernel: str, problem_key: str, config: Any, persist: bool = True) -
     tables = _tables()  # as in prefer
     with _LOCK:
         tables.setdefault(kernel, {})[problem_key] = asdict(config)
-    if persist:
-        path = cache_file()
-        on_disk = json.loads(path.read_text()) if path.is_file() else {"configs": {}}
+    device = _TABLES_DEVICE or _device_name()
+    path = cache_file(device) if persist else None
+    if path is not None:
+        on_disk = json.loads(path.read_text()) if path.is_file() else {"device": device, "configs": {}}
         on_disk.setdefault("configs", {}).setdefault(kernel, {})[problem_key] = asdict(config)
         write_atomic(path, json.dumps(on_disk, indent=1, sort_keys=True))
 
