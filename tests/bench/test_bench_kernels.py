@@ -46,13 +46,15 @@ def test_the_written_json_records_the_trit_environment(tmp_path: Path, monkeypat
 
 
 def test_a_table_of_another_gpu_model_is_not_merged_into(tmp_path: Path) -> None:
-    """``--tuned-out`` onto a table tuned on another GPU model is refused before any work (a merge would mix the
-    two GPUs' entries under this one's name); a table of the same model, a new file, or none are taken."""
+    """``--tuned-out`` onto a table tuned on another GPU, even another variant of the model, is refused before
+    any work (a merge would mix the two GPUs' entries under this one's name); a table of this GPU, a new file,
+    or none are taken."""
     h100 = tmp_path / "h100.json"
     h100.write_text(json.dumps({"device": "NVIDIA H100 80GB HBM3", "configs": {}, "choice": {}}))
     why = kernels.table_mismatch(h100, "NVIDIA H200")
     assert why is not None and str(h100) in why and "NVIDIA H100 80GB HBM3" in why and "NVIDIA H200" in why
-    assert kernels.table_mismatch(h100, "NVIDIA H100 PCIe") is None
+    assert "NVIDIA H100 PCIe" in kernels.table_mismatch(h100, "NVIDIA H100 PCIe")
+    assert kernels.table_mismatch(h100, "NVIDIA H100 80GB HBM3") is None
     assert kernels.table_mismatch(tmp_path / "new.json", "NVIDIA H200") is None
     assert kernels.table_mismatch(None, "NVIDIA H200") is None
     broken = tmp_path / "broken.json"

@@ -11,6 +11,15 @@ from trit.kernels import registry
 from trit.kernels.cuda import mma
 
 
+def pin_tables(monkeypatch: pytest.MonkeyPatch, tables: dict | None) -> None:
+    """Stand ``tables`` in for the tuned tables (``None``: the shipped default, read from the files), with no GPU
+    in use: a test that started CUDA earlier in the session must not make them be read again for its GPU."""
+    from trit.kernels import tuning
+
+    monkeypatch.setattr(tuning, "_TABLES", tables)
+    monkeypatch.setattr(tuning, "_TABLES_DEVICE", None)
+    monkeypatch.setattr(tuning, "_device_name", lambda: None)
+
 def test_choose_kernel_explains_refusals() -> None:
     choice = registry.choose_kernel(registry.Problem(1, 64, 96, 12, "cpu", torch.float32))
     assert choice.kernel is registry.REFERENCE
@@ -56,10 +65,9 @@ def test_the_two_layouts_go_to_their_own_kernels(monkeypatch: pytest.MonkeyPatch
     assert ("cuda_gemv", "runs on CUDA, not cpu") in tiled.refused
     # on a GPU where NVRTC compiles: each size to its kernel by the rule, with no tuned table (the refusals
     # themselves, with no GPU needed)
-    from trit.kernels import tuning
 
     monkeypatch.setattr(launch, "unavailable", lambda: None)
-    monkeypatch.setattr(tuning, "_TABLES", {})
+    pin_tables(monkeypatch, {})
     monkeypatch.setattr(launch, "_wgmma_support", lambda dev: "wgmma needs sm_90 (Hopper); this GPU is sm_89")
     monkeypatch.setattr(torch.cuda, "current_device", lambda: 0)
     for m, name in ((1, "cuda_gemv"), (launch.GEMV_MAX_M, "cuda_gemv"), (launch.GEMV_MAX_M + 1, "cuda_mma"),
@@ -82,7 +90,7 @@ def test_the_tuned_table_picks_among_the_mma_layouts_kernels(monkeypatch: pytest
     monkeypatch.setattr(launch, "unavailable", lambda: None)
     monkeypatch.setattr(launch, "_wgmma_support", lambda dev: None)
     monkeypatch.setattr(torch.cuda, "current_device", lambda: 0)
-    monkeypatch.setattr(tuning, "_TABLES", {"choice_mma": {}})
+    pin_tables(monkeypatch, {"choice_mma": {}})
     first = {}
     for m in (2, 4, 32):
         p = registry.Problem(m, 4096, 4096, 64, "cuda", torch.bfloat16, layout="mma")
@@ -104,7 +112,7 @@ def test_the_mma_kernel_takes_more_than_64_rows_only_where_the_table_chose_it(mo
     monkeypatch.setattr(launch, "unavailable", lambda: None)
     monkeypatch.setattr(launch, "_wgmma_support", lambda dev: "wgmma needs sm_90 (Hopper); this GPU is sm_80")
     monkeypatch.setattr(torch.cuda, "current_device", lambda: 0)
-    monkeypatch.setattr(tuning, "_TABLES", {"choice_mma": {}})
+    pin_tables(monkeypatch, {"choice_mma": {}})
     p = registry.Problem(100, 4096, 4096, 64, "cuda", torch.bfloat16, layout="mma")
     assert "no tuned choice" in launch.refuse_mma(p)
     tuning.prefer(tuning.key(100, 4096, 4096, 64, torch.bfloat16), "cuda_mma", "choice_mma")  # the 128 bucket
@@ -120,7 +128,7 @@ def test_a_choice_recorded_before_the_tables_are_read_is_kept(monkeypatch: pytes
     from trit.kernels import tuning
 
     monkeypatch.setenv("TRIT_CACHE", str(tmp_path))
-    monkeypatch.setattr(tuning, "_TABLES", None)
+    pin_tables(monkeypatch, None)
     key = tuning.key(100, 4096, 4096, 64, torch.bfloat16)
     tuning.prefer(key, "cuda_mma", "choice_mma")
     tuning.remember("cuda_mma", key, mma.MmaConfig(1, 1, 1, 3, False, 4, 8), persist=False)
@@ -137,7 +145,7 @@ def test_a_tuned_choice_that_cannot_run_here_is_passed_over(monkeypatch: pytest.
 
     monkeypatch.setattr(launch, "unavailable", lambda: None)
     monkeypatch.setattr(torch.cuda, "current_device", lambda: 0)
-    monkeypatch.setattr(tuning, "_TABLES", {"choice_mma": {}})
+    pin_tables(monkeypatch, {"choice_mma": {}})
     problems = [registry.Problem(m, 4096, 4096, 64, "cuda", torch.bfloat16, layout="mma") for m in (16, 64)]
     for p in problems:
         tuning.prefer(tuning.key(p.m, p.n, p.k, p.group_size, p.dtype), "cuda_wgmma", "choice_mma")

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import os
 from pathlib import Path
 
 import pytest
@@ -43,7 +44,9 @@ def shipped(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> dict[str, Path]:
     ("NVIDIA H100 80GB HBM3", "H100"), ("NVIDIA H100 PCIe", "H100"), ("NVIDIA H100 NVL", "H100"),
     ("NVIDIA H200", "H200"), ("NVIDIA H200 NVL", "H200"), ("NVIDIA GH200 480GB", "GH200"),
     ("NVIDIA A100-SXM4-80GB", "A100"), ("NVIDIA A100 80GB PCIe", "A100"), ("NVIDIA L40S", "L40S"),
-    ("Tesla V100-SXM2-16GB", "V100"),
+    ("Tesla V100-SXM2-16GB", "V100"), ("NVIDIA A10G", "A10G"), ("NVIDIA A10", "A10"),
+    ("NVIDIA H100 80GB HBM3 MIG 1g.10gb", "H100"),
+    ("NVIDIA GeForce RTX 5090 D v2", "NVIDIA GeForce RTX 5090 D v2"),  # not "v2"
     # bare numbers recur across generations: only the exact name
     ("NVIDIA GeForce RTX 4090", "NVIDIA GeForce RTX 4090"), ("Quadro RTX 6000", "Quadro RTX 6000"),
     ("NVIDIA RTX 6000 Ada Generation", "NVIDIA RTX 6000 Ada Generation"),
@@ -82,23 +85,45 @@ def test_the_tables_are_read_again_once_cuda_is_in_use(shipped: dict[str, Path],
     """Read first before any CUDA work (no device: the default table), then on the GPU: its own table counts,
     and choices remembered from the first reading are stale."""
     device: list[str | None] = [None]
-    monkeypatch.setattr(tuning, "_device_name", lambda: device[0])
+    asked = [0]
+
+    def name() -> str | None:
+        asked[0] += 1
+        return device[0]
+
+    monkeypatch.setattr(tuning, "_device_name", name)
     assert tuning.preferred(KEY, "choice_mma") == "cuda_dequant_cublas"
     generation = tuning._GENERATION
     device[0] = "NVIDIA H100 80GB HBM3"
     assert tuning.preferred(KEY, "choice_mma") == "cuda_wgmma"
     assert tuning._GENERATION != generation
-    generation = tuning._GENERATION
-    assert tuning.preferred(KEY, "choice_mma") == "cuda_wgmma"  # not read a third time
+    generation, asked[0] = tuning._GENERATION, 0
+    for _ in range(3):
+        assert tuning.preferred(KEY, "choice_mma") == "cuda_wgmma"  # not read a third time,
     assert tuning._GENERATION == generation
+    assert asked[0] == 0  # and the GPU, once found, is not asked for again
 
 
-def test_picking_a_table_does_not_start_cuda() -> None:
-    """Without CUDA in use (this CPU run, or a GPU host's CPU path) no device is asked for."""
-    if torch.cuda.is_available() and torch.cuda.is_initialized():
-        pytest.skip("this process already uses CUDA")
-    assert tuning._device_name() is None
-    assert not torch.cuda.is_initialized()
+def test_picking_a_table_does_not_start_cuda(tmp_path: Path) -> None:
+    """A fresh process that looks tables up and keeps a tuned config, touching no GPU, has not started CUDA and
+    writes nothing to its cache (on a CPU build of torch CUDA cannot start at all; on a GPU machine this is the
+    check)."""
+    import subprocess
+    import sys
+
+    code = (
+        "import torch\n"
+        "from trit.kernels import tuning\n"
+        "from trit.kernels.cuda.mma import MmaConfig\n"
+        "k = tuning.key(1, 4096, 4096, 64, torch.bfloat16)\n"
+        "assert tuning.preferred(k, 'choice_mma') == 'cuda_gemv'\n"
+        "tuning.lookup('cuda_gemv', k, dict)\n"
+        "tuning.remember('cuda_mma', k, MmaConfig(1, 1, 1, 3, False))\n"
+        "assert not torch.cuda.is_initialized()\n"
+    )
+    env = {**os.environ, "TRIT_CACHE": str(tmp_path)}
+    subprocess.run([sys.executable, "-c", code], check=True, env=env, timeout=300)
+    assert list(tmp_path.iterdir()) == []
 
 
 def test_the_shipped_tables_name_their_device() -> None:

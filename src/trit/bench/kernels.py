@@ -233,17 +233,15 @@ def guard_report(result: dict) -> Report:
 
 
 def table_mismatch(path: Path | None, device: str) -> str | None:
-    """Why ``--tuned-out path`` cannot take this GPU's results: an existing table tuned on a GPU of another
-    model, which a merge would mix and relabel (``None``: it can)."""
-    from trit.kernels import tuning
-
+    """Why ``--tuned-out path`` cannot take this GPU's results: an existing table tuned on another GPU (even
+    another variant of the same model), which a merge would mix and relabel (``None``: it can)."""
     if path is None or not path.is_file():
         return None
     try:
         tuned_on = json.loads(path.read_text()).get("device")
     except (OSError, ValueError) as e:
         return f"{path}: not a tuned table ({e})"
-    if tuned_on and tuning.family(tuned_on) != tuning.family(device):
+    if tuned_on and tuned_on != device:
         return (f"{path} was tuned on {tuned_on}, this GPU is {device}: write this GPU's table to another file "
                 "(--tuned-out)")
     return None

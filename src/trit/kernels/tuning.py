@@ -62,14 +62,14 @@ def cache_file(device: str | None) -> Path | None:
 
 
 def family(device: str) -> str:
-    """The GPU model a shipped table is read on. A model word of letters and digits (``H100``, ``A100``,
-    ``L40S``), up to a dash, names every variant of that model: ``H100`` of ``NVIDIA H100 80GB HBM3``, ``NVIDIA
-    H100 PCIe`` and ``NVIDIA H100 NVL``, ``A100`` of ``NVIDIA A100-SXM4-80GB``. A name without such a word
-    (``NVIDIA GeForce RTX 4090``, ``Quadro RTX 6000``, whose bare numbers recur across generations) is its own
-    family: only a table tuned on that exact name is read on it."""
+    """The GPU model a shipped table is read on. A model word (capitals then digits, a capital after them:
+    ``H100``, ``A100``, ``L40S``, ``GH200``), up to a dash, names every variant of that model: ``H100`` of
+    ``NVIDIA H100 80GB HBM3``, ``NVIDIA H100 PCIe`` and ``NVIDIA H100 NVL``, ``A100`` of
+    ``NVIDIA A100-SXM4-80GB``. A name without one (``NVIDIA GeForce RTX 4090``, ``Quadro RTX 6000``, whose bare
+    numbers recur across generations) is its own family: only a table tuned on that exact name is read on it."""
     for word in device.split():
         head = word.split("-")[0]
-        if any(c.isdigit() for c in head) and any(c.isalpha() for c in head):
+        if re.fullmatch(r"[A-Z]{1,3}\d+[A-Z]?", head):
             return head
     return device
 
@@ -91,10 +91,12 @@ def shipped_tables(device: str | None) -> list[Path]:
     :func:`family` (their ``device`` field; ``h100.json`` on any H100), one tuned on this exact device last. A
     shipped table of another GPU is not read, so its choices never stand in for measurements on this one."""
     default = SHIPPED / DEFAULT_TABLE
+    if device is None:
+        return [default]
     same, exact = [], []
     for path in sorted(SHIPPED.glob("*.json")):
         tuned_on = json.loads(path.read_text()).get("device", "")
-        if path != default and device is not None and family(tuned_on) == family(device):
+        if path != default and family(tuned_on) == family(device):
             (exact if tuned_on == device else same).append(path)
     return [default, *same, *exact]
 
@@ -106,7 +108,8 @@ def _tables() -> dict[str, dict[str, dict[str, Any]]]:
     then is dropped: ``trit bench kernels`` records only after it has started CUDA)."""
     global _TABLES, _TABLES_DEVICE
     with _LOCK:
-        device = _TABLES_DEVICE or _device_name()  # a process's GPU is asked for until it has one
+        # a process's GPU is asked for until it has one
+        device = _TABLES_DEVICE if _TABLES_DEVICE is not None else _device_name()
         if _TABLES is None or (device is not None and device != _TABLES_DEVICE):
             if _TABLES is not None:
                 _bump()  # read again for this GPU: choices made from the default table are stale
@@ -145,7 +148,7 @@ def remember(kernel: str, problem_key: str, config: Any, persist: bool = True) -
     tables = _tables()  # as in prefer
     with _LOCK:
         tables.setdefault(kernel, {})[problem_key] = asdict(config)
-    device = _TABLES_DEVICE or _device_name()
+    device = _TABLES_DEVICE if _TABLES_DEVICE is not None else _device_name()
     path = cache_file(device) if persist else None
     if path is not None:
         on_disk = json.loads(path.read_text()) if path.is_file() else {"device": device, "configs": {}}
