@@ -331,7 +331,8 @@ def _bench_parser(sub) -> None:
     k.add_argument("--no-tune", action="store_true", help="time the configs as they are, without tuning first")
     k.add_argument("--tune-ms", default=None, help="tune only these M values; the others run the table as it is")
     k.add_argument("--tuned-out", type=Path, default=None,
-                   help="write the tuned config table here (JSON); an existing table is updated in place")
+                   help="write the tuned config table here (JSON); an existing table of this GPU is updated in "
+                        "place, one tuned on another GPU is refused")
     k.add_argument("--baseline", type=Path, default=None,
                    help="compare each problem's time with this baseline (regression guard); exit 1 on a regression")
     k.add_argument("--write-baseline", type=Path, default=None, help="record this run as a baseline")
