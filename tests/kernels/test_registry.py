@@ -20,6 +20,7 @@ def pin_tables(monkeypatch: pytest.MonkeyPatch, tables: dict | None) -> None:
     monkeypatch.setattr(tuning, "_TABLES_DEVICE", None)
     monkeypatch.setattr(tuning, "_device_name", lambda: None)
 
+
 def test_choose_kernel_explains_refusals() -> None:
     choice = registry.choose_kernel(registry.Problem(1, 64, 96, 12, "cpu", torch.float32))
     assert choice.kernel is registry.REFERENCE

@@ -85,6 +85,11 @@ def _device_name() -> str | None:
     return None
 
 
+def _device() -> str | None:
+    """This process's GPU: the one its tables were read for, else asked for (until it has one)."""
+    return _TABLES_DEVICE if _TABLES_DEVICE is not None else _device_name()
+
+
 def shipped_tables(device: str | None) -> list[Path]:
     """The shipped tables a process on ``device`` reads, in order, each later one overriding the earlier ones:
     :data:`DEFAULT_TABLE` (tuned on an H200) for every GPU, then the tables tuned on a GPU of the same
@@ -108,8 +113,7 @@ def _tables() -> dict[str, dict[str, dict[str, Any]]]:
     then is dropped: ``trit bench kernels`` records only after it has started CUDA)."""
     global _TABLES, _TABLES_DEVICE
     with _LOCK:
-        # a process's GPU is asked for until it has one
-        device = _TABLES_DEVICE if _TABLES_DEVICE is not None else _device_name()
+        device = _device()
         if _TABLES is None or (device is not None and device != _TABLES_DEVICE):
             if _TABLES is not None:
                 _bump()  # read again for this GPU: choices made from the default table are stale
@@ -148,7 +152,7 @@ def remember(kernel: str, problem_key: str, config: Any, persist: bool = True) -
     tables = _tables()  # as in prefer
     with _LOCK:
         tables.setdefault(kernel, {})[problem_key] = asdict(config)
-    device = _TABLES_DEVICE if _TABLES_DEVICE is not None else _device_name()
+    device = _device()
     path = cache_file(device) if persist else None
     if path is not None:
         on_disk = json.loads(path.read_text()) if path.is_file() else {"device": device, "configs": {}}
