@@ -227,3 +227,26 @@ def test_the_servers_memory_figures_are_read_from_vllms_log() -> None:
     bare = serve.Server("tiny", "trit", [])
     serve._parse_log("INFO Model loading took 0.01 GiB memory", bare)
     assert bare.weights_gib == 0.01 and bare.cudagraph_estimate_gib is None and bare.kv_cache_tokens is None
+
+
+def test_each_level_asks_for_prompts_of_its_own(tmp_path: Path, monkeypatch) -> None:
+    """vLLM's prefix cache would otherwise prefill a level's prompts that an earlier level (or the measured level
+    before a profiled one) already sent only in part; both servers of a run get the same prompts."""
+    from trit.bench import serve
+
+    seeds = []
+
+    def fake_run(cmd, **kwargs):
+        seeds.append(int(cmd[cmd.index("--seed") + 1]))
+        return subprocess.CompletedProcess(cmd, 3, "", "")
+
+    monkeypatch.setattr(serve.subprocess, "run", fake_run)
+    for profile in (False, True):
+        for c in (1, 16, 64):
+            level = serve.Level(c, 4)
+            serve.run_client("http://127.0.0.1:1", tmp_path, level, 32, 8, tmp_path, timeout=60, profile=profile)
+            assert level.seed == seeds[-1]
+    assert len(set(seeds)) == 6
+    level = serve.Level(16, 4)
+    serve.run_client("http://127.0.0.1:1", tmp_path, level, 32, 8, tmp_path, timeout=60)
+    assert seeds[-1] == seeds[1]  # the same level of another server: the same prompts

@@ -74,6 +74,14 @@ class Level:
     itl_ms: dict = field(default_factory=dict)
     seconds: float = 0.0
     error: str | None = None
+    seed: int = 0  # the client's --seed: which random prompts (prompt_seed)
+
+
+def prompt_seed(concurrency: int, profile: bool = False) -> int:
+    """The client's ``--seed`` for a level: its own prompts, so that vLLM's prefix cache (on by default) holds
+    nothing of an earlier level's and every prompt is prefilled in full; the same for every server, so that the
+    weight kinds answer the same prompts. The profiled level gets prompts of its own too."""
+    return concurrency + (1_000_000 if profile else 0)
 
 
 @dataclass
@@ -159,10 +167,11 @@ def _parse_log(text: str, server: Server) -> None:
 def run_client(url: str, folder: Path, level: Level, input_len: int, output_len: int, out_dir: Path,
                timeout: float, profile: bool = False) -> None:
     result = out_dir / f"client-c{level.concurrency}{'-profile' if profile else ''}.json"
+    level.seed = prompt_seed(level.concurrency, profile)
     cmd = [sys.executable, "-c", CLIENT, "--backend", "vllm", "--base-url", url, "--model", str(folder),
            "--tokenizer", str(folder), "--dataset-name", "random", "--random-input-len", str(input_len),
            "--random-output-len", str(output_len), "--num-prompts", str(level.prompts),
-           "--max-concurrency", str(level.concurrency), "--ignore-eos", "--seed", "0",
+           "--max-concurrency", str(level.concurrency), "--ignore-eos", "--seed", str(level.seed),
            "--percentile-metrics", "ttft,tpot,itl", "--metric-percentiles", "50,99", "--disable-tqdm",
            "--save-result", "--result-dir", str(out_dir), "--result-filename", result.name,
            *(["--profile"] if profile else [])]
