@@ -152,6 +152,7 @@ def remember(kernel: str, problem_key: str, config: Any, persist: bool = True) -
     tables = _tables()  # as in prefer
     with _LOCK:
         tables.setdefault(kernel, {})[problem_key] = asdict(config)
+        _bump()  # launches planned with the config before are stale (trit.kernels.cuda.launch keeps them)
     device = _device()
     path = cache_file(device) if persist else None
     if path is not None:

@@ -1,5 +1,6 @@
 """The CUDA candidates through ``trit::linear_tiled`` on a GPU: each size goes to its kernel and equals the
-file layout's result (the refusals themselves are checked on the CPU in ``tests/kernels/test_registry.py``)."""
+file layout's result (the refusals themselves are checked on the CPU in ``tests/kernels/test_registry.py``);
+on the CPU, that each problem's launch is worked out once and kept until the tuned tables change."""
 
 from __future__ import annotations
 
@@ -13,10 +14,11 @@ from trit.kernels.cuda import launch, mma, wgmma
 from trit.kernels.reference import linear as ref_linear
 from trit.synthetic import random_packed
 
-pytestmark = pytest.mark.skipif(not torch.cuda.is_available() or launch.unavailable() is not None,
+gpu = pytest.mark.skipif(not torch.cuda.is_available() or launch.unavailable() is not None,
                                 reason="needs a GPU and NVRTC")
 
 
+@gpu
 @pytest.mark.parametrize(("n", "k", "g"), [(4098, 576, 64), (130, 256, 32), (33, 192, fmt.PER_ROW), (50, 640, 128)])
 @pytest.mark.parametrize("m", [1, 3, 17, 100, 300])
 def test_each_size_runs_its_kernel_and_matches_the_reference(m: int, n: int, k: int, g: int) -> None:
@@ -37,3 +39,37 @@ def test_each_size_runs_its_kernel_and_matches_the_reference(m: int, n: int, k: 
     want = ref_linear(x, packed, scale, g, bias).float()
     assert y.shape == (2, m, n)
     assert float((y - want).norm() / want.norm()) < 1e-2
+
+
+def test_a_problems_launch_is_planned_once_until_the_tables_change(monkeypatch: pytest.MonkeyPatch) -> None:
+    from trit.kernels import tuning
+
+    planned, ran = [], []
+
+    def plan(m, r, config, device):
+        planned.append((m, config))
+        return f"plan {m} #{len(planned)}"
+
+    def run(p, x2, r):
+        ran.append((p, tuple(x2.shape)))
+        return torch.ones(x2.shape[0], r.n)
+
+    monkeypatch.setattr(launch.mma, "run", run)
+    monkeypatch.setattr(launch, "_PLANS", {})
+    r = mma.MmaWeights(torch.zeros(3, 1, 32, 4, dtype=torch.int32), torch.zeros(3, 1, 8, dtype=torch.int32), 40, 128, 128)
+    bias = torch.arange(40.0)
+    y = launch._planned("cuda_mma", plan, mma.MmaConfig, torch.zeros(2, 3, 128), r, bias)  # (2, 3, K): 6 rows
+    assert y.shape == (2, 3, 40) and torch.equal(y[1, 2], 1 + bias)
+    launch._planned("cuda_mma", plan, mma.MmaConfig, torch.zeros(6, 128), r, None)
+    assert planned == [(6, None)] and [p for p, _ in ran] == ["plan 6 #1"] * 2 and ran[0][1] == (6, 128)
+    launch._planned("cuda_mma", plan, mma.MmaConfig, torch.zeros(5, 128), r, None)  # another M: its own plan
+    assert planned[-1] == (5, None)
+    key = tuning.key(6, 40, 128, 128, torch.float32)
+    monkeypatch.setattr(tuning, "_TABLES", {})
+    tuning.remember("cuda_mma", key, mma.MmaConfig(rt=1), persist=False)  # a config tuned now: planned again
+    launch._planned("cuda_mma", plan, mma.MmaConfig, torch.zeros(6, 128), r, None)
+    assert planned[-1] == (6, mma.MmaConfig(rt=1)) and ran[-1][0] == "plan 6 #3"
+    monkeypatch.setattr(launch, "_PLANS_MAX", 3)  # bounded: full (three plans), it starts again
+    for m in (7, 8):
+        launch._planned("cuda_mma", plan, mma.MmaConfig, torch.zeros(m, 128), r, None)
+    assert sorted(key[1] for key in launch._PLANS) == [7, 8]

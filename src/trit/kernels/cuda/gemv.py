@@ -110,37 +110,43 @@ def check_x(x: torch.Tensor, r: mma.MmaWeights, kernel: str) -> torch.Tensor:
     return x.clone() if x.data_ptr() % 16 else x
 
 
-def launch(source: str, name: str, smem_for, x: torch.Tensor, r: mma.MmaWeights, splits: int, block_tiles: int,
-           warps: int) -> torch.Tensor:
-    """Run a few-token kernel of this layout (``trit_gemv``, ``trit_imma``: the same arguments) on ``x`` from
+def few_token_plan(source: str, name: str, smem_for, r: mma.MmaWeights, device: torch.device, splits: int,
+                   block_tiles: int, warps: int) -> mma.Plan:
+    """A few-token kernel of this layout (``trit_gemv``, ``trit_imma``: the same arguments) on ``x`` from
     :func:`check_x`: row blocks of ``block_tiles`` tiles x K splits, each split's rounded activations in shared
     memory (``smem_for(steps)``; a very long K takes more splits, each rounding less)."""
     from trit.kernels.cuda import nvrtc
 
     per, splits = split_steps(r.k_steps, splits)
-    limit = min(MAX_SMEM, mma.max_smem(x.device) - 1024)
+    limit = min(MAX_SMEM, mma.max_smem(device) - 1024)
     while smem_for(per) > limit and per > 1:
         per, splits = split_steps(r.k_steps, 2 * splits)
     smem = smem_for(per)
     kern = nvrtc.load(source, name, smem=smem)
-    return mma.launch(kern, x, r, -(-r.row_tiles // block_tiles), per, splits, 1, warps, smem)
+    return mma.Plan(kern, -(-r.row_tiles // block_tiles), per, splits, 1, warps, smem, aligned=True)
 
 
 def linear(x: torch.Tensor, r: mma.MmaWeights, config: GemvConfig | None = None) -> torch.Tensor:
     """``x`` (M, K) bf16, M <= 4 -> (M, N) bf16 through the CUDA GEMV."""
+    x = check_x(x, r, "trit_gemv")
+    return mma.run(plan(x.shape[0], r, config, x.device), x, r)
+
+
+def plan(m: int, r: mma.MmaWeights, config: GemvConfig | None, device: torch.device) -> mma.Plan:
+    """How the GEMV runs M rows of a layer shaped like ``r`` (``config``, else the heuristic's)."""
     from trit.kernels.triton.device import sm_count
 
-    x = check_x(x, r, "trit_gemv")
-    mg = token_slots(x.shape[0])
-    cfg = config or heuristic(x.shape[0], r.row_tiles, r.k_steps, sm_count())
-    return launch(source(), kernel_name(mg, cfg, r.group_size),
-                  lambda per: smem_bytes(mg, per, r.group_size), x, r, cfg.splits, cfg.warps * cfg.rt, cfg.warps)
+    mg = token_slots(m)
+    cfg = config or heuristic(m, r.row_tiles, r.k_steps, sm_count())
+    return few_token_plan(source(), kernel_name(mg, cfg, r.group_size), lambda per: smem_bytes(mg, per, r.group_size),
+                          r, device, cfg.splits, cfg.warps * cfg.rt, cfg.warps)
+
+
+DEQUANT_SIGNATURE = "PPPiiiii"  # trit_dequant's parameters: wq, sc, out, N, K, KS, GP, GS
 
 
 def dequantize(r: mma.MmaWeights) -> torch.Tensor:
     """The dense bf16 weight (N, K) of a layer in the mma layout, on its GPU (equal to ``unpack_layout``)."""
-    import ctypes
-
     from trit.kernels.cuda import nvrtc
 
     if r.k % 8:
@@ -149,9 +155,8 @@ def dequantize(r: mma.MmaWeights) -> torch.Tensor:
     kern = nvrtc.load(source(), "trit_dequant")
     warps = r.row_tiles * r.k_steps  # a warp a (tile, step), four a block
     gs = 0 if r.group_size == fmt.PER_ROW else r.group_size
-    args = [ctypes.c_void_p(t.data_ptr()) for t in (r.wq, r.sc, out)]
-    args += [ctypes.c_int(v) for v in (r.n, r.k, r.k_steps, r.scale_groups, gs)]
-    kern.launch((-(-warps // 4), 1, 1), 128, 0, args)
+    kern.launch((-(-warps // 4), 1, 1), 128, 0, DEQUANT_SIGNATURE,
+                (r.wq.data_ptr(), r.sc.data_ptr(), out.data_ptr(), r.n, r.k, r.k_steps, r.scale_groups, gs))
     return out
 
 

@@ -107,15 +107,20 @@ def configs_for(r: mma.MmaWeights, sms: int) -> list[ImmaConfig]:
 
 def linear(x: torch.Tensor, r: mma.MmaWeights, config: ImmaConfig | None = None) -> torch.Tensor:
     """``x`` (M, K) bf16, M <= :data:`MAX_M` -> (M, N) bf16 through the int8 tensor-core kernel."""
+    x = gemv.check_x(x, r, "trit_imma")
+    return mma.run(plan(x.shape[0], r, config, x.device), x, r)
+
+
+def plan(m: int, r: mma.MmaWeights, config: ImmaConfig | None, device: torch.device) -> mma.Plan:
+    """How the int8 GEMV runs M rows of a layer shaped like ``r`` (``config``, else the heuristic's)."""
     from trit.kernels.triton.device import sm_count
 
-    x = gemv.check_x(x, r, "trit_imma")
-    tt = token_tiles(x.shape[0])
-    cfg = config or heuristic(x.shape[0], r.row_tiles, r.k_steps, sm_count())
-    cfg = fit_shared_memory(tt, cfg, r.group_size, min(gemv.MAX_SMEM, mma.max_smem(x.device) - 1024))
-    return gemv.launch(source(), kernel_name(tt, cfg, r.group_size),
-                       lambda per: smem_bytes(tt, cfg, per, r.group_size), x, r, cfg.splits, cfg.warps * cfg.rt,
-                       cfg.warps)
+    tt = token_tiles(m)
+    cfg = config or heuristic(m, r.row_tiles, r.k_steps, sm_count())
+    cfg = fit_shared_memory(tt, cfg, r.group_size, min(gemv.MAX_SMEM, mma.max_smem(device) - 1024))
+    return gemv.few_token_plan(source(), kernel_name(tt, cfg, r.group_size),
+                               lambda per: smem_bytes(tt, cfg, per, r.group_size), r, device, cfg.splits,
+                               cfg.warps * cfg.rt, cfg.warps)
 
 
 def record_offsets(tt: int) -> torch.Tensor:

@@ -188,13 +188,13 @@ def refuse_dequant(p) -> str | None:
 
 
 def _flat(x: torch.Tensor) -> torch.Tensor:
-    return x.reshape(-1, x.shape[-1])
+    return x if x.dim() == 2 else x.reshape(-1, x.shape[-1])
 
 
 def _finish(y: torch.Tensor, x: torch.Tensor, bias: torch.Tensor | None) -> torch.Tensor:
     if bias is not None:
         y = y + bias
-    return y.view(*x.shape[:-1], y.shape[-1])
+    return y if x.dim() == 2 else y.view(*x.shape[:-1], y.shape[-1])
 
 
 def _tuned(name: str, x2: torch.Tensor, r: mma.MmaWeights, config_type):
@@ -202,24 +202,37 @@ def _tuned(name: str, x2: torch.Tensor, r: mma.MmaWeights, config_type):
     return tuning.lookup(name, tuning.key(x2.shape[0], r.n, r.k, r.group_size, x2.dtype), config_type)
 
 
-def run_gemv(x: torch.Tensor, r: mma.MmaWeights, bias: torch.Tensor | None) -> torch.Tensor:
+# each problem's launch, worked out on its first call (config, kernel, grid: mma.Plan) and kept until the tuned
+# tables change; the host's work a call is then the launch itself (benchmarks/host_path.py measures it)
+_PLANS: dict[tuple, mma.Plan] = {}
+_PLANS_MAX = 4096  # problems kept (a server sees each token count up to its largest batch once a layer shape)
+
+
+def _planned(name: str, plan, config_type, x: torch.Tensor, r: mma.MmaWeights, bias: torch.Tensor | None):
     x2 = _flat(x)
-    return _finish(gemv.linear(x2, r, _tuned("cuda_gemv", x2, r, gemv.GemvConfig)), x, bias)
+    key = (name, x2.shape[0], r.n, r.k, r.group_size, x2.device, tuning.generation())
+    p = _PLANS.get(key)
+    if p is None:
+        if len(_PLANS) >= _PLANS_MAX:
+            _PLANS.clear()
+        p = _PLANS[key] = plan(x2.shape[0], r, _tuned(name, x2, r, config_type), x2.device)
+    return _finish(mma.run(p, x2, r), x, bias)
+
+
+def run_gemv(x: torch.Tensor, r: mma.MmaWeights, bias: torch.Tensor | None) -> torch.Tensor:
+    return _planned("cuda_gemv", gemv.plan, gemv.GemvConfig, x, r, bias)
 
 
 def run_imma(x: torch.Tensor, r: mma.MmaWeights, bias: torch.Tensor | None) -> torch.Tensor:
-    x2 = _flat(x)
-    return _finish(imma.linear(x2, r, _tuned("cuda_imma", x2, r, imma.ImmaConfig)), x, bias)
+    return _planned("cuda_imma", imma.plan, imma.ImmaConfig, x, r, bias)
 
 
 def run_mma(x: torch.Tensor, r: mma.MmaWeights, bias: torch.Tensor | None) -> torch.Tensor:
-    x2 = _flat(x)
-    return _finish(mma.linear(x2, r, _tuned("cuda_mma", x2, r, mma.MmaConfig)), x, bias)
+    return _planned("cuda_mma", mma.plan, mma.MmaConfig, x, r, bias)
 
 
 def run_wgmma(x: torch.Tensor, r: mma.MmaWeights, bias: torch.Tensor | None) -> torch.Tensor:
-    x2 = _flat(x)
-    return _finish(wgmma.linear(x2, r, _tuned("cuda_wgmma", x2, r, wgmma.WgmmaConfig)), x, bias)
+    return _planned("cuda_wgmma", wgmma.plan, wgmma.WgmmaConfig, x, r, bias)
 
 
 def run_dequant(x: torch.Tensor, r: mma.MmaWeights, bias: torch.Tensor | None) -> torch.Tensor:

@@ -295,30 +295,61 @@ def workspace(device: torch.device, floats: int, locks: int) -> tuple[torch.Tens
 
 def linear(x: torch.Tensor, r: MmaWeights, config: MmaConfig | None = None) -> torch.Tensor:
     """``x`` (M, K) bf16 -> (M, N) bf16 through the CUDA kernel."""
-    from trit.kernels.cuda import nvrtc
-    from trit.kernels.triton.device import sm_count
-
     m, k = x.shape
     if x.dtype != torch.bfloat16 or k != r.k or k % 8:
         raise ValueError(f"trit_mma takes bf16 x with K = {r.k} (a multiple of 8), got {x.dtype} {tuple(x.shape)}")
-    x = x.contiguous()
+    return run(plan(m, r, config, x.device), x, r)
+
+
+def plan(m: int, r: MmaWeights, config: MmaConfig | None, device: torch.device) -> Plan:
+    """How the mma kernel runs M rows of a layer shaped like ``r`` (``config``, else the heuristic's)."""
+    from trit.kernels.cuda import nvrtc
+    from trit.kernels.triton.device import sm_count
+
     cfg = config or heuristic(m, r.row_tiles, r.k_steps, sm_count())
     mt = token_tiles(m, cfg.mt)
-    cfg = fit_shared_memory(mt, cfg, r.group_size, max_smem(x.device) - 1024)
-    slices = token_slices(m, mt)
+    cfg = fit_shared_memory(mt, cfg, r.group_size, max_smem(device) - 1024)
     smem = smem_bytes(mt, cfg, r.group_size)
     kern = nvrtc.load(source(), kernel_name(mt, cfg, r.group_size), smem=smem)
-    return run_gemm(kern, x, r, cfg.warps, cfg.rt, cfg.ki, cfg.splits, slices, smem)
+    return gemm_plan(kern, r, cfg.warps, cfg.rt, cfg.ki, cfg.splits, token_slices(m, mt), smem)
 
 
-def run_gemm(kern, x: torch.Tensor, r: MmaWeights, warps: int, rt: int, ki: int, splits: int, slices: int,
-             smem: int) -> torch.Tensor:
-    """Run a GEMM kernel of this layout (``trit_mma``, ``trit_wgmma``: the same arguments) on contiguous bf16
-    ``x``: the grid of row blocks x K splits x token slices (:func:`launch`)."""
+def gemm_plan(kern, r: MmaWeights, warps: int, rt: int, ki: int, splits: int, slices: int, smem: int) -> Plan:
+    """A GEMM kernel of this layout (``trit_mma``, ``trit_wgmma``: the same arguments): the grid of row blocks x
+    K splits x token slices (:func:`launch`)."""
     blocks, chunks = grid(r.row_tiles, r.k_steps, warps, rt, ki)
     splits = max(1, min(splits, chunks))
     per_split = -(-chunks // splits)
-    return launch(kern, x, r, blocks, per_split, -(-chunks // per_split), slices, warps, smem)
+    return Plan(kern, blocks, per_split, -(-chunks // per_split), slices, warps, smem)
+
+
+@dataclass(frozen=True)
+class Plan:
+    """A launch of one of this layout's kernels, worked out once for a problem (kernel, config, grid) and kept by
+    :mod:`trit.kernels.cuda.launch`, so that a call repeats only :func:`run`. ``aligned``: the kernel reads ``x``
+    in 16-byte pieces from its first byte (the few-token kernels)."""
+
+    kern: object  # nvrtc.Kernel
+    blocks: int
+    per_split: int
+    splits: int
+    slices: int
+    warps: int
+    smem: int
+    aligned: bool = False
+
+
+def run(p: Plan, x: torch.Tensor, r: MmaWeights) -> torch.Tensor:
+    """``x`` (M, K) bf16, K = ``r.k`` -> (M, N) bf16 as planned."""
+    x = x.contiguous()
+    if p.aligned and x.data_ptr() % 16:
+        x = x.clone()
+    return launch(p.kern, x, r, p.blocks, p.per_split, p.splits, p.slices, p.warps, p.smem)
+
+
+# the parameters every kernel of this layout takes (``trit_mma``, ``trit_wgmma``, ``trit_gemv``, ``trit_imma``):
+# wq, sc, x, y, ws, locks, then M, N, K, KS, GP, the steps or chunks a split, splits (nvrtc.param_layout's codes)
+SIGNATURE = "PPPPPPiiiiiii"
 
 
 def launch(kern, x: torch.Tensor, r: MmaWeights, blocks: int, per_split: int, splits: int, slices: int, warps: int,
@@ -326,12 +357,10 @@ def launch(kern, x: torch.Tensor, r: MmaWeights, blocks: int, per_split: int, sp
     """Launch any kernel of this layout (they all take the same arguments: ``trit_mma``, ``trit_wgmma``,
     ``trit_gemv``, ``trit_imma``) on contiguous bf16 ``x``: a grid of row blocks x K splits (``per_split`` steps
     or chunks each) x token slices, with the split-K workspace and its counters."""
-    import ctypes
-
     m, k = x.shape
     y = torch.empty(m, r.n, dtype=torch.bfloat16, device=x.device)
     ws, locks = workspace(x.device, m * r.n if splits > 1 else 0, blocks * slices)
-    args = [ctypes.c_void_p(t.data_ptr()) for t in (r.wq, r.sc, x, y, ws, locks)]
-    args += [ctypes.c_int(v) for v in (m, r.n, k, r.k_steps, r.scale_groups, per_split, splits)]
-    kern.launch((blocks, splits, slices), warps * 32, smem, args)
+    kern.launch((blocks, splits, slices), warps * 32, smem, SIGNATURE,
+                (r.wq.data_ptr(), r.sc.data_ptr(), x.data_ptr(), y.data_ptr(), ws.data_ptr(), locks.data_ptr(),
+                 m, r.n, k, r.k_steps, r.scale_groups, per_split, splits))
     return y

@@ -173,16 +173,21 @@ def supported(device: torch.device) -> str | None:
 def linear(x: torch.Tensor, r: mma.MmaWeights, config: WgmmaConfig | None = None,
            options: tuple[str, ...] = ()) -> torch.Tensor:
     """``x`` (M, K) bf16 -> (M, N) bf16 through the wgmma kernel (sm_90 only)."""
-    from trit.kernels.cuda import nvrtc
-    from trit.kernels.triton.device import sm_count
-
     m, k = x.shape
     if x.dtype != torch.bfloat16 or k != r.k or k % 8:
         raise ValueError(f"trit_wgmma takes bf16 x with K = {r.k} (a multiple of 8), got {x.dtype} {tuple(x.shape)}")
+    return mma.run(plan(m, r, config, x.device, options), x, r)
+
+
+def plan(m: int, r: mma.MmaWeights, config: WgmmaConfig | None, device: torch.device,
+         options: tuple[str, ...] = ()) -> mma.Plan:
+    """How the wgmma kernel runs M rows of a layer shaped like ``r`` (``config``, else the heuristic's)."""
+    from trit.kernels.cuda import nvrtc
+    from trit.kernels.triton.device import sm_count
+
     cfg = config or heuristic(m, r, sm_count())
     if not valid(cfg):
         raise ValueError(f"not a wgmma config: {cfg}")
-    x = x.contiguous()
     smem = smem_bytes(cfg, r.group_size)
     kern = nvrtc.load(source(), kernel_name(cfg, r.group_size), options, smem=smem, arch_suffix="a")
-    return mma.run_gemm(kern, x, r, cfg.warps, cfg.rt, cfg.ki, cfg.splits, max(1, -(-m // cfg.ntok)), smem)
+    return mma.gemm_plan(kern, r, cfg.warps, cfg.rt, cfg.ki, cfg.splits, max(1, -(-m // cfg.ntok)), smem)

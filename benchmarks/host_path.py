@@ -1,0 +1,136 @@
+"""Host time a call of the ternary ops against bf16 ``F.linear``, on the GPU: what a layer costs the CPU.
+
+    PYTHONPATH=src python benchmarks/host_path.py --models llama3-8b --ms 1,16,512 --out $OUT/host.json
+
+Inside a CUDA graph a call's host work is paid once, at capture; outside one
+(the runtime's eager forward, vLLM's prefill above its largest captured size)
+it is paid on every call, and where it exceeds the kernel's device time the
+GPU waits for the CPU. For each layer shape and M this times the op a loaded
+layer calls (``trit::linear_tiled`` where the layout rule repacks the layer,
+else ``trit::linear``) and bf16 ``F.linear`` (cuBLAS) two ways:
+
+- ``host_us``: the wall time of issuing ``--calls`` calls back to back while
+  the GPU is held busy by a sleep kernel queued first, so that no call waits
+  for the GPU, divided by the calls (median of ``--reps``). ``gpu_busy``
+  records that the sleep had not finished when the last call returned (else
+  the figure may include waiting);
+- ``device_us``: a CUDA graph of one call replayed (one copy of the weights,
+  L2-warm: a reference for which of the two is longer, not a bandwidth figure).
+
+Run it under inference mode, as servers do.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import platform
+import statistics
+import sys
+import time
+from pathlib import Path
+
+import torch
+
+
+def host_us(fn, calls: int, reps: int, sleep_cycles: int) -> tuple[float, bool]:
+    """Median over ``reps`` of the wall time of ``calls`` calls issued behind a sleep kernel, per call; and whether
+    the GPU was still on the sleep when every rep's last call returned."""
+    times, busy = [], True
+    for _ in range(reps):
+        torch.cuda.synchronize()
+        torch.cuda._sleep(sleep_cycles)
+        slept = torch.cuda.Event()
+        slept.record()
+        t0 = time.perf_counter()
+        for _ in range(calls):
+            fn()
+        times.append((time.perf_counter() - t0) / calls * 1e6)
+        busy = busy and not slept.query()
+        torch.cuda.synchronize()
+    return statistics.median(times), busy
+
+
+def problem(n: int, k: int, m: int, args) -> dict:
+    from trit.bench.kernels import GROUP, ternary_layer
+    from trit.kernels import tuning
+    from trit.kernels.cuda import launch
+    from trit.kernels.cuda import mma as cmma
+
+    x = torch.randn(m, k, device="cuda", dtype=torch.bfloat16)
+    packed, scale = ternary_layer(n, k)
+    tiled = launch.tile_refusal(x.device, x.dtype, GROUP, k, False, n) is None
+    if tiled:
+        r = cmma.repack(packed, scale, GROUP, k)
+        op = "trit::linear_tiled"
+
+        def trit_call():
+            return torch.ops.trit.linear_tiled(x, r.wq, r.sc, n, GROUP, None)
+    else:
+        op = "trit::linear"
+
+        def trit_call():
+            return torch.ops.trit.linear(x, packed, scale, GROUP, None)
+    w = torch.randn(n, k, device="cuda", dtype=torch.bfloat16)
+
+    def bf16_call():
+        return torch.nn.functional.linear(x, w)
+
+    out = {"op": op}
+    for name, fn in (("trit", trit_call), ("bf16", bf16_call)):
+        for _ in range(3):  # compiles, loads, allocates
+            fn()
+        torch.cuda.synchronize()
+        us, busy = host_us(fn, args.calls, args.reps, args.sleep_cycles)
+        out[f"{name}_host_us"], out[f"{name}_gpu_busy"] = us, busy
+        out[f"{name}_device_us"] = tuning.graph_time_us([fn])
+    return out
+
+
+def main(argv: list[str] | None = None) -> int:
+    from trit.bench.kernels import SHAPES
+
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0],
+                                 formatter_class=argparse.ArgumentDefaultsHelpFormatter)
+    ap.add_argument("--models", default="llama3-8b", help=f"comma-separated, of {', '.join(SHAPES)}")
+    ap.add_argument("--ms", default="1,16,512", help="rows a call (tokens), comma-separated")
+    ap.add_argument("--calls", type=int, default=50, help="calls a timed rep")
+    ap.add_argument("--reps", type=int, default=7, help="timed reps; the median is kept")
+    ap.add_argument("--sleep-cycles", type=int, default=40_000_000,
+                    help="GPU clock cycles the sleep kernel holds the GPU a rep (about 20 ms)")
+    ap.add_argument("--out", type=Path, required=True, help="the JSON written")
+    args = ap.parse_args(argv)
+    if not torch.cuda.is_available():
+        print("host_path: needs a CUDA GPU", file=sys.stderr)
+        return 2
+    import trit.ops  # noqa: F401  (registers the ops)
+    from trit.bench.kernels import GROUP
+    from trit.kernels import registry
+
+    rows = []
+    with torch.inference_mode():
+        for model in args.models.split(","):
+            for layer, n, k in SHAPES[model]:
+                for m in (int(v) for v in args.ms.split(",")):
+                    row = {"model": model, "layer": layer, "n": n, "k": k, "m": m, **problem(n, k, m, args)}
+                    layout = "mma" if row["op"] == "trit::linear_tiled" else "v1"
+                    p = registry.Problem(m, n, k, GROUP, "cuda", torch.bfloat16, layout=layout)
+                    row["kernel"] = registry.choose_kernel(p).kernel.name
+                    rows.append(row)
+                    print(f"{model:10} {layer:8} M={m:<5} {row['kernel']:20} trit host {row['trit_host_us']:6.1f} us "
+                          f"(device {row['trit_device_us']:7.1f})  bf16 host {row['bf16_host_us']:6.1f} us "
+                          f"(device {row['bf16_device_us']:7.1f})", flush=True)
+    result = {
+        "command": " ".join(["python", *sys.argv]),
+        "device": torch.cuda.get_device_name(),
+        "versions": {"torch": torch.__version__, "python": platform.python_version()},
+        "calls": args.calls, "reps": args.reps, "sleep_cycles": args.sleep_cycles,
+        "rows": rows,
+    }
+    args.out.parent.mkdir(parents=True, exist_ok=True)
+    args.out.write_text(json.dumps(result, indent=1))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
