@@ -54,6 +54,22 @@ def test_each_parameter_pointer_reads_back_its_value() -> None:
     assert params[0] == ctypes.addressof(buf)
 
 
+def test_each_thread_packs_into_a_buffer_of_its_own() -> None:
+    """A launch's buffer is kept for the next launch of that signature; another thread's launch must not write
+    into it between one thread's pack and its launch."""
+    import threading
+
+    mine = ctypes.addressof(nvrtc.pack_params("Pi", (1, 2))[0])
+    assert ctypes.addressof(nvrtc.pack_params("Pi", (3, 4))[0]) == mine  # kept, and filled again
+    theirs = []
+    t = threading.Thread(target=lambda: theirs.append(ctypes.addressof(nvrtc.pack_params("Pi", (5, 6))[0])))
+    t.start()
+    t.join()
+    assert theirs and theirs[0] != mine
+    buf, params = nvrtc.pack_params("Pi", (7, 8))
+    assert ctypes.cast(params[1], ctypes.POINTER(ctypes.c_int)).contents.value == 8
+
+
 @pytest.mark.skipif(not torch.cuda.is_available() or launch.unavailable() is not None, reason="needs a GPU and NVRTC")
 def test_the_signatures_match_the_compiled_kernels_parameters() -> None:
     """The driver's own account of each kernel's parameters (``cuFuncGetParamInfo``, CUDA 12.4's driver on) against
