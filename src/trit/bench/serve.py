@@ -164,6 +164,23 @@ def _parse_log(text: str, server: Server) -> None:
             setattr(server, name, float(found[-1]))
 
 
+# vLLM captures CUDA graphs for batches of up to min(2 x --max-num-seqs, 512) tokens unless told otherwise; a
+# server with vLLM's default --max-num-seqs (256 and up) captures up to 512, so that a 512-token prefill runs in a
+# piecewise graph. This benchmark sets --max-num-seqs to its largest concurrency, which would shrink that range
+# (to 2 tokens at concurrency 1) and leave such prefills to run op by op, each op paying its host time
+CAPTURE_SIZE = 512
+_GRAPH_FLAGS = {"--max-cudagraph-capture-size", "--cuda-graph-sizes", "--compilation-config", "--enforce-eager"}
+
+
+def capture_flags(server_args: list[str], gpu: bool) -> list[str]:
+    """``--max-cudagraph-capture-size 512`` on a GPU, unless the server arguments set the graphs themselves
+    (``-O``/``--compilation-config``, capture sizes, ``--enforce-eager``); nothing on the CPU (no graphs)."""
+    given = set(server_flags(server_args))
+    if not gpu or given & _GRAPH_FLAGS or any(a.startswith(("-O", "--compilation-config.")) for a in server_args):
+        return []
+    return ["--max-cudagraph-capture-size", str(CAPTURE_SIZE)]
+
+
 def run_client(url: str, folder: Path, level: Level, input_len: int, output_len: int, out_dir: Path,
                timeout: float, profile: bool = False) -> None:
     result = out_dir / f"client-c{level.concurrency}{'-profile' if profile else ''}.json"
@@ -204,7 +221,8 @@ def run_server(shape: str, weights: str, args: argparse.Namespace, work: Path, s
         context = int(given.get("--max-model-len") or max_len)
         memory = ["--kv-cache-memory-bytes", str(cpu_kv_cache_bytes(model_config(shape, weights), max_seqs, context))]
     server_args = ["--load-format", "dummy", *memory, "--max-model-len", str(max_len), "--max-num-seqs",
-                   str(max_seqs), "--seed", "0", *args.server_arg]
+                   str(max_seqs), "--seed", "0", *capture_flags(args.server_arg, _gpu_total_mib() is not None),
+                   *args.server_arg]
     profile_dir = work / f"{shape}-{weights}-profile"
     profiled = args.profile and start == args.starts - 1  # the last start only: the others run without a profiler
     if profiled:
