@@ -517,6 +517,34 @@ def repack() -> str:
     return "\n".join(lines)
 
 
+def host_path() -> str:
+    """Host time a call of the ternary ops against bf16 F.linear, before and after a change, one machine each
+    (``benchmarks/host_path.py``): the pairs under ``host-path/`` named ``<model>_<tree>_<gpu>.json``."""
+    runs: dict[str, list[tuple[str, dict]]] = {}
+    for f in sorted((RESULTS / "host-path").glob("*.json")):
+        runs.setdefault(f.stem.rsplit("_", 1)[1], []).append((f.stem.split("_", 1)[1].rsplit("_", 1)[0],
+                                                               json.loads(f.read_text())))
+    lines = ["| GPU | layer | M | kernel | trit host us a call, before / after | bf16 host us, the same two runs | "
+             "trit device us | bf16 device us |", "|---|---|---|---|---|---|---|---|"]
+    notes = []
+    for _, pair in sorted(runs.items()):
+        pair.sort(key=lambda t: t[0] != "75ff107")  # the tree before the launch change first
+        names = [name for name, _ in pair]
+        by_row = [{(r["layer"], r["m"]): r for r in d["rows"]} for _, d in pair]
+        for key, row in by_row[-1].items():
+            trit = " / ".join(f"{b[key]['trit_host_us']:.0f}" for b in by_row)
+            bf16 = " / ".join(f"{b[key]['bf16_host_us']:.0f}" for b in by_row)
+            lines.append(f"| {pair[-1][1]['device']} | {key[0]} | {key[1]} | {row['kernel']} | {trit} | {bf16} | "
+                         f"{row['trit_device_us']:.1f} | {row['bf16_device_us']:.1f} |")
+        notes.append(f"{pair[-1][1]['device']}: {' / '.join(names)}")
+    lines += ["", "Host us a call: the wall time of 50 calls issued behind a sleep kernel, median of 7 reps, each "
+              "tree's figure in the order named (" + "; ".join(notes) + "; the two runs of a GPU on one machine; "
+              "the rows no change touched, format v1's o layer and bf16, show how far one run of this "
+              "host differs from the next); device us: a CUDA graph of one call, "
+              "the later tree's, L2-warm. `benchmarks/results/host-path/*.json` hold the commands."]
+    return "\n".join(lines)
+
+
 def serve_budget() -> str:
     """``trit bench serve`` runs at a small card's memory budget: long context, fp8 KV cache, the peak measured."""
     lines = ["| model | weights | budget (GPU share) | max context | KV cache | KV-cache tokens | peak GPU MiB | "
@@ -851,7 +879,7 @@ def decode_plots() -> str:
     return "wrote " + ", ".join(str(p) for p in sorted(DECODE.glob("decode_*.png")))
 
 
-TABLES = {"kernels": kernels, "mma": mma, "speedups": speedups, "serving": serving, "serve": serve, "serve-profile": serve_profile, "serve-head": serve_head, "repack": repack, "lm-head": lm_head, "lm-head-speed": lm_head_speed, "layout-scales": layout_scales, "serve-budget": serve_budget, "serve-h100": serve_h100, "plan-vllm": plan_vllm, "cpu": cpu, "cpu-models": cpu_models, "domains": domains, "domains-headline": domains_headline,
+TABLES = {"kernels": kernels, "mma": mma, "speedups": speedups, "serving": serving, "serve": serve, "serve-profile": serve_profile, "serve-head": serve_head, "repack": repack, "host-path": host_path, "lm-head": lm_head, "lm-head-speed": lm_head_speed, "layout-scales": layout_scales, "serve-budget": serve_budget, "serve-h100": serve_h100, "plan-vllm": plan_vllm, "cpu": cpu, "cpu-models": cpu_models, "domains": domains, "domains-headline": domains_headline,
           "vllm": vllm, "a8": a8, "ptq": ptq, "quality": quality, "decode": decode, "decode-plots": decode_plots,
           "serve-plot": serve_plot}
 _BLOCK = re.compile(r"(<!-- table:([\w-]+) -->\n)(.*?)(<!-- /table:\2 -->)", re.S)
