@@ -169,7 +169,8 @@ def _parse_log(text: str, server: Server) -> None:
 # piecewise graph. This benchmark sets --max-num-seqs to its largest concurrency, which would shrink that range
 # (to 2 tokens at concurrency 1) and leave such prefills to run op by op, each op paying its host time
 CAPTURE_SIZE = 512
-_GRAPH_FLAGS = {"--max-cudagraph-capture-size", "--cuda-graph-sizes", "--compilation-config", "--enforce-eager"}
+_GRAPH_FLAGS = {"--max-cudagraph-capture-size", "--cudagraph-capture-sizes", "--cuda-graph-sizes", "--compilation-config",
+                "--enforce-eager"}
 
 
 def capture_flags(server_args: list[str], gpu: bool) -> list[str]:
