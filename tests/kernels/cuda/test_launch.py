@@ -44,6 +44,7 @@ def test_each_size_runs_its_kernel_and_matches_the_reference(m: int, n: int, k: 
 def test_a_problems_launch_is_planned_once_until_the_tables_change(monkeypatch: pytest.MonkeyPatch) -> None:
     from trit.kernels import tuning
 
+    BF16 = torch.bfloat16  # noqa: N806
     planned, ran = [], []
 
     def plan(m, r, config, device):
@@ -58,18 +59,22 @@ def test_a_problems_launch_is_planned_once_until_the_tables_change(monkeypatch: 
     monkeypatch.setattr(launch, "_PLANS", {})
     r = mma.MmaWeights(torch.zeros(3, 1, 32, 4, dtype=torch.int32), torch.zeros(3, 1, 8, dtype=torch.int32), 40, 128, 128)
     bias = torch.arange(40.0)
-    y = launch._planned("cuda_mma", plan, mma.MmaConfig, torch.zeros(2, 3, 128), r, bias)  # (2, 3, K): 6 rows
+    y = launch._planned("cuda_mma", plan, mma.MmaConfig, torch.zeros(2, 3, 128, dtype=BF16), r, bias)  # (2, 3, K): 6 rows
     assert y.shape == (2, 3, 40) and torch.equal(y[1, 2], 1 + bias)
-    launch._planned("cuda_mma", plan, mma.MmaConfig, torch.zeros(6, 128), r, None)
+    launch._planned("cuda_mma", plan, mma.MmaConfig, torch.zeros(6, 128, dtype=BF16), r, None)
     assert planned == [(6, None)] and [p for p, _ in ran] == ["plan 6 #1"] * 2 and ran[0][1] == (6, 128)
-    launch._planned("cuda_mma", plan, mma.MmaConfig, torch.zeros(5, 128), r, None)  # another M: its own plan
+    launch._planned("cuda_mma", plan, mma.MmaConfig, torch.zeros(5, 128, dtype=BF16), r, None)  # another M: its own plan
     assert planned[-1] == (5, None)
-    key = tuning.key(6, 40, 128, 128, torch.float32)
+    key = tuning.key(6, 40, 128, 128, BF16)
     monkeypatch.setattr(tuning, "_TABLES", {})
     tuning.remember("cuda_mma", key, mma.MmaConfig(rt=1), persist=False)  # a config tuned now: planned again
-    launch._planned("cuda_mma", plan, mma.MmaConfig, torch.zeros(6, 128), r, None)
+    launch._planned("cuda_mma", plan, mma.MmaConfig, torch.zeros(6, 128, dtype=BF16), r, None)
     assert planned[-1] == (6, mma.MmaConfig(rt=1)) and ran[-1][0] == "plan 6 #3"
     monkeypatch.setattr(launch, "_PLANS_MAX", 3)  # bounded: full (three plans), it starts again
     for m in (7, 8):
-        launch._planned("cuda_mma", plan, mma.MmaConfig, torch.zeros(m, 128), r, None)
+        launch._planned("cuda_mma", plan, mma.MmaConfig, torch.zeros(m, 128, dtype=BF16), r, None)
     assert sorted(key[1] for key in launch._PLANS) == [7, 8]
+    with pytest.raises(ValueError, match="takes bf16 x with K = 128"):  # the refusals send nothing else; checked
+        launch._planned("cuda_mma", plan, mma.MmaConfig, torch.zeros(6, 128), r, None)
+    with pytest.raises(ValueError, match="takes bf16 x with K = 128"):
+        launch._planned("cuda_mma", plan, mma.MmaConfig, torch.zeros(6, 64, dtype=BF16), r, None)

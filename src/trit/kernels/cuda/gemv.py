@@ -112,8 +112,7 @@ def check_x(x: torch.Tensor, r: mma.MmaWeights, kernel: str) -> torch.Tensor:
 
 def few_token_plan(source: str, name: str, smem_for, r: mma.MmaWeights, device: torch.device, splits: int,
                    block_tiles: int, warps: int) -> mma.Plan:
-    """A few-token kernel of this layout (``trit_gemv``, ``trit_imma``: the same arguments) on ``x`` from
-    :func:`check_x`: row blocks of ``block_tiles`` tiles x K splits, each split's rounded activations in shared
+    """A few-token kernel of this layout (``trit_gemv``, ``trit_imma``: the same arguments): row blocks of ``block_tiles`` tiles x K splits, each split's rounded activations in shared
     memory (``smem_for(steps)``; a very long K takes more splits, each rounding less)."""
     from trit.kernels.cuda import nvrtc
 
@@ -123,7 +122,7 @@ def few_token_plan(source: str, name: str, smem_for, r: mma.MmaWeights, device: 
         per, splits = split_steps(r.k_steps, 2 * splits)
     smem = smem_for(per)
     kern = nvrtc.load(source, name, smem=smem)
-    return mma.Plan(kern, -(-r.row_tiles // block_tiles), per, splits, 1, warps, smem, aligned=True)
+    return mma.Plan(kern, -(-r.row_tiles // block_tiles), per, splits, 1, warps, smem)
 
 
 def linear(x: torch.Tensor, r: mma.MmaWeights, config: GemvConfig | None = None) -> torch.Tensor:

@@ -14,6 +14,7 @@ the Triton kernels read format v1 as before: the reason is logged once.
 
 from __future__ import annotations
 
+import contextlib
 import functools
 import logging
 import os
@@ -210,12 +211,16 @@ _PLANS_MAX = 4096  # problems kept (a server sees each token count up to its lar
 
 def _planned(name: str, plan, config_type, x: torch.Tensor, r: mma.MmaWeights, bias: torch.Tensor | None):
     x2 = _flat(x)
+    if x2.dtype != torch.bfloat16 or x2.shape[1] != r.k:
+        raise ValueError(f"{name} takes bf16 x with K = {r.k}, got {x2.dtype} {tuple(x.shape)}")
     key = (name, x2.shape[0], r.n, r.k, r.group_size, x2.device, tuning.generation())
     p = _PLANS.get(key)
     if p is None:
         if len(_PLANS) >= _PLANS_MAX:
             _PLANS.clear()
-        p = _PLANS[key] = plan(x2.shape[0], r, _tuned(name, x2, r, config_type), x2.device)
+        # the kernel is loaded for, and later launched on the stream of, x's GPU, whichever is current
+        with torch.cuda.device(x2.device) if x2.is_cuda else contextlib.nullcontext():
+            p = _PLANS[key] = plan(x2.shape[0], r, _tuned(name, x2, r, config_type), x2.device)
     return _finish(mma.run(p, x2, r), x, bias)
 
 

@@ -326,8 +326,7 @@ def gemm_plan(kern, r: MmaWeights, warps: int, rt: int, ki: int, splits: int, sl
 @dataclass(frozen=True)
 class Plan:
     """A launch of one of this layout's kernels, worked out once for a problem (kernel, config, grid) and kept by
-    :mod:`trit.kernels.cuda.launch`, so that a call repeats only :func:`run`. ``aligned``: the kernel reads ``x``
-    in 16-byte pieces from its first byte (the few-token kernels)."""
+    :mod:`trit.kernels.cuda.launch`, so that a call repeats only :func:`run`."""
 
     kern: object  # nvrtc.Kernel
     blocks: int
@@ -336,13 +335,14 @@ class Plan:
     slices: int
     warps: int
     smem: int
-    aligned: bool = False
 
 
 def run(p: Plan, x: torch.Tensor, r: MmaWeights) -> torch.Tensor:
-    """``x`` (M, K) bf16, K = ``r.k`` -> (M, N) bf16 as planned."""
+    """``x`` (M, K) bf16, K = ``r.k`` -> (M, N) bf16 as planned. Every kernel of the layout copies ``x`` in 16-byte
+    pieces from its first byte (``cp.async`` or vector loads), so an ``x`` that does not start on 16 bytes (a view
+    into a larger buffer) is copied first."""
     x = x.contiguous()
-    if p.aligned and x.data_ptr() % 16:
+    if x.data_ptr() % 16:
         x = x.clone()
     return launch(p.kern, x, r, p.blocks, p.per_split, p.splits, p.slices, p.warps, p.smem)
 
