@@ -1,8 +1,13 @@
 """The one ternary linear op, ``trit::linear``.
 
-``torch.ops.trit.linear(x, packed, scale, group_size, bias, act_int8)`` is a
-``torch.library`` custom op with a fake (meta) implementation, so that
-``torch.compile(fullgraph=True)`` and vLLM trace through it as one node. At run
+``torch.ops.trit.linear(x, packed, scale, group_size, bias, act_int8)`` is an
+operator defined through ``torch.library`` with a fake (meta) implementation
+and an autograd formula, so that ``torch.compile(fullgraph=True)`` and vLLM
+trace through it as one node. It is defined with ``torch.library.Library``
+rather than the ``custom_op`` decorator: the decorator's wrapper checks every
+call's outputs for aliasing and cost about 2 us more a call on the CPU here (5.2
+against 3.0 under ``inference_mode``), paid on every call outside a CUDA graph
+(benchmarks/host_path.py). At run
 time it runs the kernel :func:`trit.kernels.registry.choose_kernel` picks.
 :func:`linear_planes` is a layer's forward (one call a trit-plane, summed), the
 same for the runtime's ``TritLinear`` and the vLLM plugin; :func:`warm_up`
@@ -24,8 +29,29 @@ from trit.kernels.cuda.launch import tile_refusal  # noqa: F401  (for the vLLM p
 from trit.kernels.cuda.mma import MmaWeights, repack  # noqa: F401  (the same)
 from trit.kernels.registry import Problem, choose_kernel
 
+_LIB = torch.library.Library("trit", "DEF")
+_LIB.define("linear(Tensor x, Tensor packed, Tensor scale, int group_size, Tensor? bias=None, bool act_int8=False) "
+            "-> Tensor")
+_LIB.define("linear_tiled(Tensor x, Tensor wq, Tensor sc, int out_features, int group_size, Tensor? bias=None) "
+            "-> Tensor")
 
-@torch.library.custom_op("trit::linear", mutates_args=())
+
+def _linear(x, packed, scale, group_size, bias=None, act_int8=False):
+    kernel = choose_kernel(Problem.of(x, packed, group_size, act_int8)).kernel
+    return kernel(x, packed, scale, group_size, bias, act_int8)
+
+
+def _linear_tiled(x, wq, sc, out_features, group_size, bias=None):
+    r = MmaWeights(wq, sc, out_features, x.shape[-1], group_size)
+    m = x.numel() // x.shape[-1] if x.shape[-1] else 0
+    problem = Problem(m, out_features, x.shape[-1], group_size, x.device.type, x.dtype, False, "mma")
+    return choose_kernel(problem).kernel.tiled(x, r, bias)
+
+
+_LIB.impl("linear", _linear, "CompositeExplicitAutograd")
+_LIB.impl("linear_tiled", _linear_tiled, "CompositeExplicitAutograd")
+
+
 def linear(
     x: torch.Tensor,  # (..., K) bf16/fp16/fp32
     packed: torch.Tensor,  # (N, K_pad // 4) uint8
@@ -35,11 +61,9 @@ def linear(
     act_int8: bool = False,
 ) -> torch.Tensor:  # (..., N) x.dtype
     """Ternary linear layer: ``x @ dequantize(packed, scale).T + bias`` (``x`` int8 per token if ``act_int8``)."""
-    kernel = choose_kernel(Problem.of(x, packed, group_size, act_int8)).kernel
-    return kernel(x, packed, scale, group_size, bias, act_int8)
+    return torch.ops.trit.linear.default(x, packed, scale, group_size, bias, act_int8)
 
 
-@torch.library.custom_op("trit::linear_tiled", mutates_args=())
 def linear_tiled(
     x: torch.Tensor,  # (..., K) bf16
     wq: torch.Tensor,  # (NT, KS, 32, 4) int32: the codes in the mma layout (trit.kernels.cuda.mma)
@@ -49,13 +73,10 @@ def linear_tiled(
     bias: torch.Tensor | None = None,  # (N,)
 ) -> torch.Tensor:  # (..., N) x.dtype
     """The same layer as ``trit::linear``, its weights repacked at load into the mma layout."""
-    r = MmaWeights(wq, sc, out_features, x.shape[-1], group_size)
-    m = x.numel() // x.shape[-1] if x.shape[-1] else 0
-    problem = Problem(m, out_features, x.shape[-1], group_size, x.device.type, x.dtype, False, "mma")
-    return choose_kernel(problem).kernel.tiled(x, r, bias)
+    return torch.ops.trit.linear_tiled.default(x, wq, sc, out_features, group_size, bias)
 
 
-@linear_tiled.register_fake
+@torch.library.register_fake("trit::linear_tiled", lib=_LIB)
 def _(x, wq, sc, out_features, group_size, bias=None):
     return x.new_empty((*x.shape[:-1], out_features))
 
@@ -74,7 +95,7 @@ def _backward_tiled(ctx, grad):
     return grad_x, None, None, None, None, grad_bias
 
 
-linear_tiled.register_autograd(_backward_tiled, setup_context=_setup_tiled)
+torch.library.register_autograd("trit::linear_tiled", _backward_tiled, setup_context=_setup_tiled, lib=_LIB)
 
 Plane = tuple[torch.Tensor, torch.Tensor] | MmaWeights
 
@@ -102,7 +123,7 @@ def _plane(x: torch.Tensor, plane: Plane, group_size: int, bias: torch.Tensor | 
     return linear(x, packed, scale, group_size, bias, act_int8)
 
 
-@linear.register_fake
+@torch.library.register_fake("trit::linear", lib=_LIB)
 def _(x, packed, scale, group_size, bias=None, act_int8=False):
     return x.new_empty((*x.shape[:-1], packed.shape[0]))
 
@@ -121,7 +142,7 @@ def _backward(ctx, grad):  # (..., N) -> grads of (x, packed, scale, group_size,
     return grad_x, None, None, None, grad_bias, None
 
 
-linear.register_autograd(_backward, setup_context=_setup_context)
+torch.library.register_autograd("trit::linear", _backward, setup_context=_setup_context, lib=_LIB)
 
 
 # ---------------------------------------------------------------------------- warm-up
