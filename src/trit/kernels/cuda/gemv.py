@@ -101,19 +101,11 @@ def split_steps(k_steps: int, splits: int) -> tuple[int, int]:
     return per, -(-k_steps // per)
 
 
-def check_x(x: torch.Tensor, r: mma.MmaWeights, kernel: str) -> torch.Tensor:
-    """``x`` as the few-token kernels read it: bf16, K inputs (a multiple of 8), contiguous, 16-byte aligned."""
-    m, k = x.shape
-    if x.dtype != torch.bfloat16 or k != r.k or k % 8:
-        raise ValueError(f"{kernel} takes bf16 x with K = {r.k} (a multiple of 8), got {x.dtype} {tuple(x.shape)}")
-    x = x.contiguous()
-    return x.clone() if x.data_ptr() % 16 else x
-
-
 def few_token_plan(source: str, name: str, smem_for, r: mma.MmaWeights, device: torch.device, splits: int,
                    block_tiles: int, warps: int) -> mma.Plan:
-    """A few-token kernel of this layout (``trit_gemv``, ``trit_imma``: the same arguments): row blocks of ``block_tiles`` tiles x K splits, each split's rounded activations in shared
-    memory (``smem_for(steps)``; a very long K takes more splits, each rounding less)."""
+    """A few-token kernel of this layout (``trit_gemv``, ``trit_imma``: the same arguments): row blocks of
+    ``block_tiles`` tiles x K splits, each split's rounded activations in shared memory (``smem_for(steps)``; a
+    very long K takes more splits, each rounding less)."""
     from trit.kernels.cuda import nvrtc
 
     per, splits = split_steps(r.k_steps, splits)
@@ -127,7 +119,7 @@ def few_token_plan(source: str, name: str, smem_for, r: mma.MmaWeights, device: 
 
 def linear(x: torch.Tensor, r: mma.MmaWeights, config: GemvConfig | None = None) -> torch.Tensor:
     """``x`` (M, K) bf16, M <= 4 -> (M, N) bf16 through the CUDA GEMV."""
-    x = check_x(x, r, "trit_gemv")
+    mma.check_x(x, r, "trit_gemv")
     return mma.run(plan(x.shape[0], r, config, x.device), x, r)
 
 

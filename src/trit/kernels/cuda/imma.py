@@ -107,7 +107,7 @@ def configs_for(r: mma.MmaWeights, sms: int) -> list[ImmaConfig]:
 
 def linear(x: torch.Tensor, r: mma.MmaWeights, config: ImmaConfig | None = None) -> torch.Tensor:
     """``x`` (M, K) bf16, M <= :data:`MAX_M` -> (M, N) bf16 through the int8 tensor-core kernel."""
-    x = gemv.check_x(x, r, "trit_imma")
+    mma.check_x(x, r, "trit_imma")
     return mma.run(plan(x.shape[0], r, config, x.device), x, r)
 
 

@@ -211,8 +211,7 @@ _PLANS_MAX = 4096  # problems kept (a server sees each token count up to its lar
 
 def _planned(name: str, plan, config_type, x: torch.Tensor, r: mma.MmaWeights, bias: torch.Tensor | None):
     x2 = _flat(x)
-    if x2.dtype != torch.bfloat16 or x2.shape[1] != r.k:
-        raise ValueError(f"{name} takes bf16 x with K = {r.k}, got {x2.dtype} {tuple(x.shape)}")
+    mma.check_x(x2, r, name)
     key = (name, x2.shape[0], r.n, r.k, r.group_size, x2.device, tuning.generation())
     p = _PLANS.get(key)
     if p is None:

@@ -293,12 +293,18 @@ def workspace(device: torch.device, floats: int, locks: int) -> tuple[torch.Tens
     return kept[-1]
 
 
+def check_x(x: torch.Tensor, r: MmaWeights, kernel: str) -> None:
+    """``x`` as every kernel of the layout takes it: (M, K) bf16, K = ``r.k``, a multiple of 8 (:func:`run` makes
+    it contiguous and 16-byte aligned)."""
+    _, k = x.shape
+    if x.dtype != torch.bfloat16 or k != r.k or k % 8:
+        raise ValueError(f"{kernel} takes bf16 x with K = {r.k} (a multiple of 8), got {x.dtype} {tuple(x.shape)}")
+
+
 def linear(x: torch.Tensor, r: MmaWeights, config: MmaConfig | None = None) -> torch.Tensor:
     """``x`` (M, K) bf16 -> (M, N) bf16 through the CUDA kernel."""
-    m, k = x.shape
-    if x.dtype != torch.bfloat16 or k != r.k or k % 8:
-        raise ValueError(f"trit_mma takes bf16 x with K = {r.k} (a multiple of 8), got {x.dtype} {tuple(x.shape)}")
-    return run(plan(m, r, config, x.device), x, r)
+    check_x(x, r, "trit_mma")
+    return run(plan(x.shape[0], r, config, x.device), x, r)
 
 
 def plan(m: int, r: MmaWeights, config: MmaConfig | None, device: torch.device) -> Plan:

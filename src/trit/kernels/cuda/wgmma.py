@@ -173,10 +173,8 @@ def supported(device: torch.device) -> str | None:
 def linear(x: torch.Tensor, r: mma.MmaWeights, config: WgmmaConfig | None = None,
            options: tuple[str, ...] = ()) -> torch.Tensor:
     """``x`` (M, K) bf16 -> (M, N) bf16 through the wgmma kernel (sm_90 only)."""
-    m, k = x.shape
-    if x.dtype != torch.bfloat16 or k != r.k or k % 8:
-        raise ValueError(f"trit_wgmma takes bf16 x with K = {r.k} (a multiple of 8), got {x.dtype} {tuple(x.shape)}")
-    return mma.run(plan(m, r, config, x.device, options), x, r)
+    mma.check_x(x, r, "trit_wgmma")
+    return mma.run(plan(x.shape[0], r, config, x.device, options), x, r)
 
 
 def plan(m: int, r: mma.MmaWeights, config: WgmmaConfig | None, device: torch.device,
