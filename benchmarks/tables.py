@@ -12,6 +12,7 @@
     python benchmarks/tables.py repack    # from benchmarks/results/repack_h200.json (benchmarks/repack_time.py)
     python benchmarks/tables.py serving   # the headline rows of benchmarks/results/decode/vllm*.json
     python benchmarks/tables.py serve     # from benchmarks/results/serve/*.json (trit bench serve)
+    python benchmarks/tables.py serve-fresh  # from benchmarks/results/serve-fresh-h100/*.json (the README's)
     python benchmarks/tables.py cpu       # from benchmarks/results/cpu.json (trit bench cpu)
     python benchmarks/tables.py cpu-models  # its end-to-end rows alone (the README's)
     python benchmarks/tables.py domains   # from benchmarks/results/quality_domains_*.json (quality_domains.py)
@@ -20,7 +21,7 @@
     python benchmarks/tables.py serve-budget  # from benchmarks/results/serve-budget/*.json (a small card's budget)
     python benchmarks/tables.py serve-h100  # from benchmarks/results/serve-h100/*.json (the same runs on an H100)
     python benchmarks/tables.py plan-vllm  # trit plan against the peaks of those runs' trit servers
-    python benchmarks/tables.py serve-plot  # benchmarks/results/serve/serve.png from every serve run
+    python benchmarks/tables.py serve-plot  # serve.png beside the runs of serve/ and serve-fresh-h100/
     python benchmarks/tables.py --write   # every marked block of README.md and docs/*.md, in place
 
 A marked block is ``<!-- table:NAME -->`` ... ``<!-- /table:NAME -->``; ``--write`` replaces what lies between
@@ -39,6 +40,9 @@ from unittest import mock
 ROOT = Path(__file__).resolve().parents[1]
 RESULTS = Path(__file__).parent / "results"
 SRC = Path(__file__).resolve().parents[1] / "src"  # the decode tables use trit's own plan and plot
+# the serve runs with fresh prompts at every level and CUDA graphs up to 512 tokens, each model's two weight kinds in
+# one invocation on one H100 (the README's serve table)
+FRESH = "serve-fresh-h100"
 
 
 def kernels() -> str:
@@ -291,12 +295,12 @@ def _speed_table(runs: dict[tuple, dict], with_ttft: bool) -> list[str]:
     return lines
 
 
-def _serve_runs() -> tuple[list[tuple[dict, str]], dict, dict]:
-    """The serve runs (oldest first), each (model, weights)'s server of most levels with its run, and the level
+def _serve_runs(folder: str = "serve") -> tuple[list[tuple[dict, str]], dict, dict]:
+    """The serve runs under ``benchmarks/results/<folder>`` (oldest first), each (model, weights)'s server of most levels with its run, and the level
     the table shows at each (model, concurrency, weights), as the table and the plot both take them."""
     # oldest first: by the time a run records (``started``; files from before it have none and come first), then
     # by name
-    runs = sorted(((json.loads(f.read_text()), f.name) for f in (RESULTS / "serve").glob("*.json")),
+    runs = sorted(((json.loads(f.read_text()), f.name) for f in (RESULTS / folder).glob("*.json")),
                   key=lambda rf: (rf[0].get("started", ""), rf[1]))
     servers: dict[tuple[str, str], tuple[dict, dict]] = {}  # (model, weights): the server of most levels, its run
     # model: concurrency: weights: (measured beside the other weight kind in the same run, level). A level both
@@ -325,9 +329,10 @@ def _serve_runs() -> tuple[list[tuple[dict, str]], dict, dict]:
     return runs, servers, by_level
 
 
-def serve() -> str:
-    """``trit bench serve`` runs: vLLM's OpenAI server under load, vLLM's own client, bf16 against trit."""
-    runs, servers, by_level = _serve_runs()
+def serve(folder: str = "serve") -> str:
+    """``trit bench serve`` runs under ``benchmarks/results/<folder>``: vLLM's OpenAI server under load, vLLM's own
+    client, bf16 against trit."""
+    runs, servers, by_level = _serve_runs(folder)
     from trit.bench.serve import spread
 
     repeated = any(len(lv.get("starts") or []) > 1 for kinds in by_level.values() for slots in kinds.values()
@@ -376,7 +381,7 @@ def serve() -> str:
     lines += ["", f"vLLM {any_run['versions'].get('vllm', '?')} OpenAI server (multiprocess engine, CUDA graphs, "
               f"dummy weights), driven by vLLM's serving benchmark client: random prompts of {any_run['input_len']} "
               f"tokens, {any_run['output_len']} output tokens each (`--ignore-eos`), {any_run['device']}; "
-              "`benchmarks/results/serve/*.json` hold the commands. `-`: not measured; `*`: the two weight kinds "
+              f"`benchmarks/results/{folder}/*.json` hold the commands. `-`: not measured; `*`: the two weight kinds "
               "were served in separate invocations; with several server starts (`--starts`), the start of median "
               "throughput, and how far the starts' throughputs lay apart."]
     return "\n".join(lines)
@@ -650,16 +655,20 @@ def plan_vllm() -> str:
 
 
 def serve_plot() -> str:
-    """One plot of every ``trit bench serve`` run: throughput and TPOT against concurrency, bf16 and trit."""
+    """One plot of each serve table's runs (``serve/``, ``serve-fresh-h100/``): throughput and TPOT against
+    concurrency, bf16 and trit."""
     sys.path.insert(0, str(SRC))
     from trit.bench.serve import plot
 
-    runs, _, by_level = _serve_runs()
-    # one server a model and weight kind, holding the level the table shows at each concurrency
-    servers = [{"model": model, "weights": w, "levels": [levels[c][w][1] for c in sorted(levels) if w in levels[c]]}
-               for model, levels in by_level.items() for w in ("bf16", "trit")]
-    plot({**runs[-1][0], "servers": servers}, RESULTS / "serve" / "serve.png")
-    return f"wrote {RESULTS / 'serve' / 'serve.png'}"
+    wrote = []
+    for folder in ("serve", FRESH):
+        runs, _, by_level = _serve_runs(folder)
+        # one server a model and weight kind, holding the level the table shows at each concurrency
+        servers = [{"model": model, "weights": w, "levels": [levels[c][w][1] for c in sorted(levels) if w in levels[c]]}
+                   for model, levels in by_level.items() for w in ("bf16", "trit")]
+        plot({**runs[-1][0], "servers": servers}, RESULTS / folder / "serve.png")
+        wrote.append(str(RESULTS / folder / "serve.png"))
+    return "wrote " + ", ".join(wrote)
 
 
 def cpu() -> str:
@@ -885,7 +894,8 @@ def decode_plots() -> str:
     return "wrote " + ", ".join(str(p) for p in sorted(DECODE.glob("decode_*.png")))
 
 
-TABLES = {"kernels": kernels, "mma": mma, "speedups": speedups, "serving": serving, "serve": serve, "serve-profile": serve_profile, "serve-head": serve_head, "repack": repack, "host-path": host_path, "lm-head": lm_head, "lm-head-speed": lm_head_speed, "layout-scales": layout_scales, "serve-budget": serve_budget, "serve-h100": serve_h100, "plan-vllm": plan_vllm, "cpu": cpu, "cpu-models": cpu_models, "domains": domains, "domains-headline": domains_headline,
+TABLES = {"kernels": kernels, "mma": mma, "speedups": speedups, "serving": serving, "serve": serve,
+          "serve-fresh": lambda: serve(FRESH), "serve-profile": serve_profile, "serve-head": serve_head, "repack": repack, "host-path": host_path, "lm-head": lm_head, "lm-head-speed": lm_head_speed, "layout-scales": layout_scales, "serve-budget": serve_budget, "serve-h100": serve_h100, "plan-vllm": plan_vllm, "cpu": cpu, "cpu-models": cpu_models, "domains": domains, "domains-headline": domains_headline,
           "vllm": vllm, "a8": a8, "ptq": ptq, "quality": quality, "decode": decode, "decode-plots": decode_plots,
           "serve-plot": serve_plot}
 _BLOCK = re.compile(r"(<!-- table:([\w-]+) -->\n)(.*?)(<!-- /table:\2 -->)", re.S)
