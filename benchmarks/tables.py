@@ -522,37 +522,45 @@ def repack() -> str:
     return "\n".join(lines)
 
 
+# host-path files' trees, oldest first: before the launch change, the launch change alone (a working tree), with its
+# plans, and the tree of per-thread buffers, the Library ops and the shared x check
+HOST_TREES = ["75ff107", "launch_struct", "064bdde", "6361492"]
+
+
 def host_path() -> str:
-    """Host time a call of the ternary ops against bf16 F.linear, before and after a change, on one machine
-    (``benchmarks/host_path.py``): the pairs under ``host-path/`` named ``<model>_<tree>_<gpu>.json``, the tree
-    before the launch change (75ff107) first."""
+    """Host time a call of the ternary ops against bf16 F.linear, the trees of a change on one kind of GPU
+    (``benchmarks/host_path.py``): the files under ``host-path/`` named ``<model>_<tree>_<gpu>.json``, oldest tree
+    first (:data:`HOST_TREES`)."""
     runs: dict[tuple[str, str], list[tuple[str, dict]]] = {}
     for f in sorted((RESULTS / "host-path").glob("*.json")):
         model, rest = f.stem.split("_", 1)
         tree, gpu = rest.rsplit("_", 1)
+        if tree not in HOST_TREES:
+            raise ValueError(f"host-path: {f.name} names tree {tree!r}, not one of {HOST_TREES}")
         runs.setdefault((model, gpu), []).append((tree, json.loads(f.read_text())))
-    lines = ["| GPU | layer | M | kernel | trit host us a call, before / after | bf16 host us, the same two runs | "
+    lines = ["| GPU | layer | M | kernel | trit host us a call, oldest tree first | bf16 host us, the same runs | "
              "trit device us | bf16 device us |", "|---|---|---|---|---|---|---|---|"]
     notes, idle = [], False
-    for (model, _), pair in sorted(runs.items()):
-        if len(pair) != 2:
-            raise ValueError(f"host-path: {model} on one GPU needs a before and an after file, found {len(pair)}")
-        pair.sort(key=lambda t: t[0] != "75ff107")
-        by_row = [{(r["layer"], r["m"]): r for r in d["rows"]} for _, d in pair]
-        for key, row in by_row[1].items():
+    for (model, _), trees in sorted(runs.items()):
+        if len(trees) < 2:
+            raise ValueError(f"host-path: {model} on one GPU needs a before and an after file, found {len(trees)}")
+        trees.sort(key=lambda t: HOST_TREES.index(t[0]))
+        by_row = [{(r["layer"], r["m"]): r for r in d["rows"]} for _, d in trees]
+        for key, row in by_row[-1].items():
             marks = ["" if b[key]["trit_gpu_busy"] else "!" for b in by_row]
             idle = idle or any(marks)
             trit = " / ".join(f"{b[key]['trit_host_us']:.0f}{m}" for b, m in zip(by_row, marks, strict=True))
             bf16 = " / ".join(f"{b[key]['bf16_host_us']:.0f}" for b in by_row)
-            lines.append(f"| {pair[1][1]['device']} | {model} {key[0]} | {key[1]} | {row['kernel']} | {trit} | {bf16} | "
+            lines.append(f"| {trees[-1][1]['device']} | {model} {key[0]} | {key[1]} | {row['kernel']} | {trit} | {bf16} | "
                          f"{row['trit_device_us']:.1f} | {row['bf16_device_us']:.1f} |")
-        notes.append(f"{pair[1][1]['device']}: {pair[0][0]} / {pair[1][0]}")
+        notes.append(f"{trees[-1][1]['device']}: " + " / ".join(t for t, _ in trees))
     lines += ["", "Host us a call: the wall time of 50 calls issued behind a sleep kernel, median of 7 reps, each "
-              "tree's figure in the order named (" + "; ".join(notes) + "; the two runs of a GPU on one machine; "
-              "the rows no change touched, format v1's o layer and bf16, show how far one run of this host differs "
-              "from the next)" + ("; `!`: the GPU had finished the sleep before the last call of a rep returned, so "
-              "the figure may hold time spent waiting for it" if idle else "") + "; device us: a CUDA graph of one "
-              "call, the later tree's, L2-warm. `benchmarks/results/host-path/*.json` hold the commands."]
+              "tree's figure in the order named (" + "; ".join(notes) + "; the runs of a GPU on one machine, except "
+              "the H100's last, 6361492, on a later session's; the rows no change touched, format v1's o layer and "
+              "bf16, show how far one run of a host differs from the next)" + ("; `!`: the GPU had finished the "
+              "sleep before the last call of a rep returned, so the figure may hold time spent waiting for it" if idle
+              else "") + "; device us: a CUDA graph of one call, the last tree's, L2-warm. "
+              "`benchmarks/results/host-path/*.json` hold the commands."]
     return "\n".join(lines)
 
 
