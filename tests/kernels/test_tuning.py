@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import os
 from pathlib import Path
@@ -136,3 +137,76 @@ def test_the_shipped_tables_name_their_device() -> None:
     assert tuning.shipped_tables("NVIDIA H100 80GB HBM3") == [tuning.SHIPPED / "h200.json",
                                                              tuning.SHIPPED / "h100.json"]
     assert tuning.shipped_tables("NVIDIA H200") == [tuning.SHIPPED / "h200.json"]
+
+
+H100 = "NVIDIA H100 80GB HBM3"
+
+
+@pytest.fixture
+def on_h100(shipped: dict[str, Path], monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> Path:
+    """This process on an H100 (no GPU needed), its autotuning cache under ``tmp_path / "cache"``: that file."""
+    monkeypatch.setattr(tuning, "_device_name", lambda: H100)
+    tuning._warn_once.cache_clear()
+    return tuning.cache_file(H100)
+
+
+@pytest.mark.parametrize("damage", ["{\"configs\": {\"cuda_mma\": {", "\xff\xfe not text", "[1, 2]",
+                                    "{\"configs\": {\"cuda_mma\": [1]}}", "{\"choice_mma\": {\"k\": 3}}"])
+def test_a_damaged_cache_costs_its_configs_not_the_run(on_h100: Path, damage: str,
+                                                       caplog: pytest.LogCaptureFixture) -> None:
+    """A cache file that is not one (cut short, edited by hand) is ignored with one warning naming it; the shipped
+    tables still answer, and the next config tuned rewrites the file whole."""
+    from trit.kernels.cuda.mma import MmaConfig
+
+    on_h100.parent.mkdir(parents=True)
+    on_h100.write_bytes(damage.encode("latin-1"))
+    with caplog.at_level("WARNING", logger="trit.kernels.tuning"):
+        assert tuning.preferred(KEY, "choice_mma") == "cuda_wgmma"  # the H100's shipped table
+        tuning.reset()
+        assert tuning.preferred(KEY, "choice_mma") == "cuda_wgmma"
+    warned = [r.getMessage() for r in caplog.records if str(on_h100) in r.getMessage()]
+    assert len(warned) == 1 and "ignored" in warned[0]
+    tuning.remember("cuda_mma", "16,64,64,64,bfloat16", MmaConfig(2, 1, 1, 3, False))
+    assert json.loads(on_h100.read_text())["configs"] == {
+        "cuda_mma": {"16,64,64,64,bfloat16": dataclasses.asdict(MmaConfig(2, 1, 1, 3, False))}}
+    tuning.reset()
+    assert tuning.lookup("cuda_mma", "16,64,64,64,bfloat16", MmaConfig) == MmaConfig(2, 1, 1, 3, False)
+
+
+def test_a_config_of_another_version_falls_back_to_the_default(on_h100: Path,
+                                                               caplog: pytest.LogCaptureFixture) -> None:
+    from trit.kernels.cuda.mma import MmaConfig
+
+    on_h100.parent.mkdir(parents=True)
+    on_h100.write_text(json.dumps({"device": H100, "configs": {"cuda_mma": {
+        "16,64,64,64,bfloat16": {"rt": 1, "renamed_field": 3}}}}))
+    with caplog.at_level("WARNING", logger="trit.kernels.tuning"):
+        assert tuning.lookup("cuda_mma", "16,64,64,64,bfloat16", MmaConfig) is None
+        assert tuning.lookup("cuda_mma", "16,64,64,64,bfloat16", MmaConfig) is None
+    warned = [r.getMessage() for r in caplog.records if "renamed_field" in r.getMessage()]
+    assert len(warned) == 1 and "cuda_mma" in warned[0] and "default" in warned[0]
+
+
+def _remember_many(worker: int, count: int) -> None:
+    from trit.kernels.cuda.mma import MmaConfig
+
+    for i in range(count):
+        tuning.remember("cuda_mma", f"{worker},{i},64,64,bfloat16", MmaConfig(1 + i % 2, 1, 1, 3, False))
+
+
+@pytest.mark.skipif(os.name != "posix", reason="the cache's lock is POSIX flock")
+def test_processes_tuning_at_once_keep_every_config(on_h100: Path) -> None:
+    """Workers of one server tune at the same time on one GPU: each merges into what the others wrote, so no
+    config is lost to a read-modify-write race."""
+    import multiprocessing
+
+    workers, count = 4, 25
+    ctx = multiprocessing.get_context("fork")
+    procs = [ctx.Process(target=_remember_many, args=(w, count)) for w in range(workers)]
+    for proc in procs:
+        proc.start()
+    for proc in procs:
+        proc.join(120)
+        assert proc.exitcode == 0
+    kept = json.loads(on_h100.read_text())["configs"]["cuda_mma"]
+    assert sorted(kept) == sorted(f"{w},{i},64,64,bfloat16" for w in range(workers) for i in range(count))

@@ -9,14 +9,17 @@ misses gets the kernel's heuristic default at once, so the first call never
 waits. With ``TRIT_AUTOTUNE=1`` a miss is tuned instead (a few dozen configs,
 each timed with ``triton.testing.do_bench``, outside CUDA graph capture) and the
 winner is kept in ``$TRIT_CACHE/tuned-<GPU name>.json`` for the next process on
-that GPU. Times are
+that GPU (merged under a file lock; a damaged file is ignored, with a warning). Times are
 CUDA graph replays, so that the host's launch overhead does not hide the
 device time of few-microsecond kernels.
 """
 
 from __future__ import annotations
 
+import contextlib
+import functools
 import json
+import logging
 import os
 import re
 import threading
@@ -30,6 +33,7 @@ import torch
 from trit.cache import cache_dir, write_atomic
 
 C = TypeVar("C")
+log = logging.getLogger(__name__)
 SHIPPED = Path(__file__).parent / "tuned"
 DEFAULT_TABLE = "h200.json"  # read on every GPU; a table tuned on this GPU's family is read after it
 _LOCK = threading.Lock()
@@ -118,9 +122,10 @@ def _tables() -> dict[str, dict[str, dict[str, Any]]]:
             if _TABLES is not None:
                 _bump()  # read again for this GPU: choices made from the default table are stale
             tables: dict[str, dict[str, dict[str, Any]]] = {}
-            for path in [*shipped_tables(device), cache_file(device)]:
+            cache = cache_file(device)
+            for path in [*shipped_tables(device), cache]:
                 if path is not None and path.is_file():
-                    data = json.loads(path.read_text())
+                    data = json.loads(path.read_text()) if path != cache else _read_cache(path)
                     for kernel, entries in data.get("configs", {}).items():
                         tables.setdefault(kernel, {}).update(entries)
                     for table in ("choice", "choice_mma"):  # format v1's kernels; the mma layout's
@@ -130,8 +135,65 @@ def _tables() -> dict[str, dict[str, dict[str, Any]]]:
 
 
 def lookup(kernel: str, problem_key: str, config_type: type[C]) -> C | None:
+    """The config kept for ``kernel`` on this problem, or ``None``: also where the entry does not fit
+    ``config_type`` (a cache an older version tuned), which is said once and left to the kernel's default."""
     entry = _tables().get(kernel, {}).get(problem_key)
-    return config_type(**entry) if entry is not None else None
+    if entry is None:
+        return None
+    try:
+        return config_type(**entry)
+    except TypeError as e:
+        _warn_once(f"trit: the tuned config of {kernel} for {problem_key} ({entry}) does not fit this version "
+                   f"({e}); its default config is used")
+        return None
+
+
+def _read_cache(path: Path) -> dict[str, Any]:
+    """What autotuning kept at ``path`` (:func:`cache_file`), or nothing where the file is missing or is not such
+    a cache (cut short by a full disk before writes were atomic, edited by hand, another tool's): a damaged cache
+    costs the configs it held, never a run. Said once; the next config tuned rewrites the file whole."""
+    try:
+        data = json.loads(path.read_text())
+    except FileNotFoundError:
+        return {}
+    except (OSError, UnicodeDecodeError, json.JSONDecodeError) as e:
+        _warn_once(f"trit: {path} is not a readable tuning cache ({e}); its configs are ignored")
+        return {}
+    ok = isinstance(data, dict) and all(isinstance(data.get(part, {}), dict) for part in ("configs", "choice",
+                                                                                         "choice_mma"))
+    ok = ok and all(isinstance(entries, dict) and all(isinstance(c, dict) for c in entries.values())
+                    for entries in data.get("configs", {}).values())
+    ok = ok and all(isinstance(name, str) for part in ("choice", "choice_mma") for name in data.get(part, {}).values())
+    if not ok:
+        _warn_once(f"trit: {path} is not a tuning cache (expected {{\"configs\": {{kernel: {{problem: config}}}}}}); "
+                   "its configs are ignored")
+        return {}
+    return data
+
+
+@functools.cache
+def _warn_once(message: str) -> None:
+    log.warning(message)
+
+
+@contextlib.contextmanager
+def _locked(path: Path):
+    """Hold an exclusive lock on ``<path>.lock`` (POSIX ``flock``) so that processes tuning at once on one GPU
+    (a server's workers, two jobs sharing a home directory) each merge their configs into what the others wrote
+    rather than over it. The lock file stays (removing it would race a waiting process); where ``fcntl`` is
+    missing, nothing is locked."""
+    try:
+        import fcntl
+    except ImportError:  # not POSIX
+        yield
+        return
+    path.parent.mkdir(parents=True, exist_ok=True)
+    with open(path.with_name(path.name + ".lock"), "a") as f:
+        fcntl.flock(f, fcntl.LOCK_EX)
+        try:
+            yield
+        finally:
+            fcntl.flock(f, fcntl.LOCK_UN)
 
 
 def preferred(problem_key: str, table: str = "choice") -> str | None:
@@ -156,9 +218,10 @@ def remember(kernel: str, problem_key: str, config: Any, persist: bool = True) -
     device = _device()
     path = cache_file(device) if persist else None
     if path is not None:
-        on_disk = json.loads(path.read_text()) if path.is_file() else {"device": device, "configs": {}}
-        on_disk.setdefault("configs", {}).setdefault(kernel, {})[problem_key] = asdict(config)
-        write_atomic(path, json.dumps(on_disk, indent=1, sort_keys=True))
+        with _locked(path):  # read, merge and write as one step among processes
+            on_disk = _read_cache(path) or {"device": device, "configs": {}}
+            on_disk.setdefault("configs", {}).setdefault(kernel, {})[problem_key] = asdict(config)
+            write_atomic(path, json.dumps(on_disk, indent=1, sort_keys=True))
 
 
 def graph_time_us(calls: Sequence[Callable[[], object]], reps: int = 10) -> float:
