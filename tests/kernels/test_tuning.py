@@ -169,6 +169,7 @@ def test_a_damaged_cache_costs_its_configs_not_the_run(on_h100: Path, damage: st
     tuning.remember("cuda_mma", "16,64,64,64,bfloat16", MmaConfig(2, 1, 1, 3, False))
     assert json.loads(on_h100.read_text())["configs"] == {
         "cuda_mma": {"16,64,64,64,bfloat16": dataclasses.asdict(MmaConfig(2, 1, 1, 3, False))}}
+    assert on_h100.with_name(on_h100.name + ".bad").read_bytes() == damage.encode("latin-1")  # set aside, not lost
     tuning.reset()
     assert tuning.lookup("cuda_mma", "16,64,64,64,bfloat16", MmaConfig) == MmaConfig(2, 1, 1, 3, False)
 
@@ -187,9 +188,10 @@ def test_a_config_of_another_version_falls_back_to_the_default(on_h100: Path,
     assert len(warned) == 1 and "cuda_mma" in warned[0] and "default" in warned[0]
 
 
-def _remember_many(worker: int, count: int) -> None:
+def _remember_many(worker: int, count: int, start) -> None:
     from trit.kernels.cuda.mma import MmaConfig
 
+    start.wait(60)  # every worker begins at once
     for i in range(count):
         tuning.remember("cuda_mma", f"{worker},{i},64,64,bfloat16", MmaConfig(1 + i % 2, 1, 1, 3, False))
 
@@ -200,13 +202,54 @@ def test_processes_tuning_at_once_keep_every_config(on_h100: Path) -> None:
     config is lost to a read-modify-write race."""
     import multiprocessing
 
-    workers, count = 4, 25
+    from trit.kernels.cuda.mma import MmaConfig  # noqa: F401  imported before the fork, not in each child
+
+    workers, count = 4, 40
     ctx = multiprocessing.get_context("fork")
-    procs = [ctx.Process(target=_remember_many, args=(w, count)) for w in range(workers)]
+    start = ctx.Barrier(workers)
+    procs = [ctx.Process(target=_remember_many, args=(w, count, start)) for w in range(workers)]
     for proc in procs:
         proc.start()
-    for proc in procs:
-        proc.join(120)
-        assert proc.exitcode == 0
+    try:
+        for proc in procs:
+            proc.join(120)
+            assert proc.exitcode == 0
+    finally:
+        for proc in procs:
+            if proc.is_alive():
+                proc.kill()
     kept = json.loads(on_h100.read_text())["configs"]["cuda_mma"]
     assert sorted(kept) == sorted(f"{w},{i},64,64,bfloat16" for w in range(workers) for i in range(count))
+
+
+@pytest.mark.skipif(os.name != "posix", reason="the cache's lock is POSIX flock")
+def test_a_cache_that_cannot_be_locked_or_written_costs_no_run(on_h100: Path, monkeypatch: pytest.MonkeyPatch,
+                                                              caplog: pytest.LogCaptureFixture) -> None:
+    """A file system without locks, another user's read-only lock file, a read-only or full cache: the config
+    is still used in this process, the cache is merged unlocked where it can be written, and each is said once."""
+    import errno
+    import fcntl
+
+    from trit.kernels.cuda.mma import MmaConfig
+
+    def no_locks(fd, op):
+        raise OSError(errno.ENOLCK, "No locks available")
+
+    with caplog.at_level("WARNING", logger="trit.kernels.tuning"):
+        with monkeypatch.context() as m:
+            m.setattr(fcntl, "flock", no_locks)
+            tuning.remember("cuda_mma", "16,64,64,64,bfloat16", MmaConfig(2, 1, 1, 3, False))
+        lock = on_h100.with_name(on_h100.name + ".lock")
+        lock.chmod(0o444)  # read-only: still lockable
+        tuning.remember("cuda_mma", "64,64,64,64,bfloat16", MmaConfig(1, 1, 1, 3, False))
+        assert sorted(json.loads(on_h100.read_text())["configs"]["cuda_mma"]) == [
+            "16,64,64,64,bfloat16", "64,64,64,64,bfloat16"]
+
+        def full(path, data):
+            raise OSError(errno.ENOSPC, "No space left on device")
+
+        monkeypatch.setattr(tuning, "write_atomic", full)
+        tuning.remember("cuda_mma", "128,64,64,64,bfloat16", MmaConfig(2, 1, 1, 3, False))
+    assert tuning.lookup("cuda_mma", "128,64,64,64,bfloat16", MmaConfig) == MmaConfig(2, 1, 1, 3, False)
+    said = [r.getMessage() for r in caplog.records]
+    assert sum("cannot lock" in m for m in said) == 1 and sum("this process only" in m for m in said) == 1

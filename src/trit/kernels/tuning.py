@@ -9,7 +9,7 @@ misses gets the kernel's heuristic default at once, so the first call never
 waits. With ``TRIT_AUTOTUNE=1`` a miss is tuned instead (a few dozen configs,
 each timed with ``triton.testing.do_bench``, outside CUDA graph capture) and the
 winner is kept in ``$TRIT_CACHE/tuned-<GPU name>.json`` for the next process on
-that GPU (merged under a file lock; a damaged file is ignored, with a warning). Times are
+that GPU (merged under a file lock; a damaged file is set aside as ``.bad``, with a warning). Times are
 CUDA graph replays, so that the host's launch overhead does not hide the
 device time of few-microsecond kernels.
 """
@@ -125,7 +125,7 @@ def _tables() -> dict[str, dict[str, dict[str, Any]]]:
             cache = cache_file(device)
             for path in [*shipped_tables(device), cache]:
                 if path is not None and path.is_file():
-                    data = json.loads(path.read_text()) if path != cache else _read_cache(path)
+                    data = json.loads(path.read_text()) if path != cache else (_read_cache(path) or {})
                     for kernel, entries in data.get("configs", {}).items():
                         tables.setdefault(kernel, {}).update(entries)
                     for table in ("choice", "choice_mma"):  # format v1's kernels; the mma layout's
@@ -135,8 +135,9 @@ def _tables() -> dict[str, dict[str, dict[str, Any]]]:
 
 
 def lookup(kernel: str, problem_key: str, config_type: type[C]) -> C | None:
-    """The config kept for ``kernel`` on this problem, or ``None``: also where the entry does not fit
-    ``config_type`` (a cache an older version tuned), which is said once and left to the kernel's default."""
+    """The config kept for ``kernel`` on this problem, or ``None``: also where the entry's fields do not fit
+    ``config_type`` (a cache an older version tuned), which is said once, dropped and left to the kernel's
+    default. (A field that kept its name but changed its meaning is not caught.)"""
     entry = _tables().get(kernel, {}).get(problem_key)
     if entry is None:
         return None
@@ -145,20 +146,23 @@ def lookup(kernel: str, problem_key: str, config_type: type[C]) -> C | None:
     except TypeError as e:
         _warn_once(f"trit: the tuned config of {kernel} for {problem_key} ({entry}) does not fit this version "
                    f"({e}); its default config is used")
+        tables = _tables()
+        with _LOCK:
+            tables.get(kernel, {}).pop(problem_key, None)
         return None
 
 
-def _read_cache(path: Path) -> dict[str, Any]:
-    """What autotuning kept at ``path`` (:func:`cache_file`), or nothing where the file is missing or is not such
-    a cache (cut short by a full disk before writes were atomic, edited by hand, another tool's): a damaged cache
-    costs the configs it held, never a run. Said once; the next config tuned rewrites the file whole."""
+def _read_cache(path: Path) -> dict[str, Any] | None:
+    """What autotuning kept at ``path`` (:func:`cache_file`): ``{}`` where there is no file, ``None`` where the
+    file cannot be read or is not such a cache (edited by hand, another tool's, a later version's), which is
+    said once: a damaged cache costs the configs it held, never a run."""
     try:
         data = json.loads(path.read_text())
     except FileNotFoundError:
         return {}
     except (OSError, UnicodeDecodeError, json.JSONDecodeError) as e:
         _warn_once(f"trit: {path} is not a readable tuning cache ({e}); its configs are ignored")
-        return {}
+        return None
     ok = isinstance(data, dict) and all(isinstance(data.get(part, {}), dict) for part in ("configs", "choice",
                                                                                          "choice_mma"))
     ok = ok and all(isinstance(entries, dict) and all(isinstance(c, dict) for c in entries.values())
@@ -167,7 +171,7 @@ def _read_cache(path: Path) -> dict[str, Any]:
     if not ok:
         _warn_once(f"trit: {path} is not a tuning cache (expected {{\"configs\": {{kernel: {{problem: config}}}}}}); "
                    "its configs are ignored")
-        return {}
+        return None
     return data
 
 
@@ -180,20 +184,29 @@ def _warn_once(message: str) -> None:
 def _locked(path: Path):
     """Hold an exclusive lock on ``<path>.lock`` (POSIX ``flock``) so that processes tuning at once on one GPU
     (a server's workers, two jobs sharing a home directory) each merge their configs into what the others wrote
-    rather than over it. The lock file stays (removing it would race a waiting process); where ``fcntl`` is
-    missing, nothing is locked."""
+    rather than over it. The lock file stays (removing it would race a waiting process). Where it cannot be
+    taken (no ``fcntl``, a file system without locks, another user's lock file) the merge goes on unlocked, as
+    it did before there was a lock, and that is said once."""
     try:
         import fcntl
     except ImportError:  # not POSIX
         yield
         return
-    path.parent.mkdir(parents=True, exist_ok=True)
-    with open(path.with_name(path.name + ".lock"), "a") as f:
-        fcntl.flock(f, fcntl.LOCK_EX)
+    lock = path.with_name(path.name + ".lock")
+    try:
+        fd = os.open(lock, os.O_RDONLY | os.O_CREAT, 0o666)  # read-only is enough for flock
+    except OSError as e:
+        _warn_once(f"trit: cannot open {lock} ({e}); tuned configs are merged without a lock")
+        yield
+        return
+    try:
         try:
-            yield
-        finally:
-            fcntl.flock(f, fcntl.LOCK_UN)
+            fcntl.flock(fd, fcntl.LOCK_EX)
+        except OSError as e:  # ENOLCK, ENOSYS: a file system without locks
+            _warn_once(f"trit: cannot lock {lock} ({e}); tuned configs are merged without a lock")
+        yield
+    finally:
+        os.close(fd)  # releases the lock
 
 
 def preferred(problem_key: str, table: str = "choice") -> str | None:
@@ -218,10 +231,24 @@ def remember(kernel: str, problem_key: str, config: Any, persist: bool = True) -
     device = _device()
     path = cache_file(device) if persist else None
     if path is not None:
-        with _locked(path):  # read, merge and write as one step among processes
-            on_disk = _read_cache(path) or {"device": device, "configs": {}}
-            on_disk.setdefault("configs", {}).setdefault(kernel, {})[problem_key] = asdict(config)
-            write_atomic(path, json.dumps(on_disk, indent=1, sort_keys=True))
+        try:
+            _persist(path, device, kernel, problem_key, asdict(config))
+        except OSError as e:  # a read-only or full cache: the config still serves this process
+            _warn_once(f"trit: cannot keep tuned configs in {path} ({e}); they last this process only")
+
+
+def _persist(path: Path, device: str, kernel: str, problem_key: str, entry: dict) -> None:
+    """Merge one config into the cache file, under its lock; a file that is not a cache is kept beside it as
+    ``<name>.bad`` and a new one started, so nothing a user may want is overwritten."""
+    path.parent.mkdir(parents=True, exist_ok=True)
+    with _locked(path):  # read, merge and write as one step among processes
+        on_disk = _read_cache(path)
+        if on_disk is None:
+            path.replace(path.with_name(path.name + ".bad"))
+            _warn_once(f"trit: {path} kept as {path.name}.bad; a new tuning cache starts")
+        on_disk = on_disk or {"device": device, "configs": {}}
+        on_disk.setdefault("configs", {}).setdefault(kernel, {})[problem_key] = entry
+        write_atomic(path, json.dumps(on_disk, indent=1, sort_keys=True))
 
 
 def graph_time_us(calls: Sequence[Callable[[], object]], reps: int = 10) -> float:
