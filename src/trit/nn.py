@@ -100,7 +100,10 @@ def _refuse_tiled_state(module: nn.Module, prefix: str, keep_vars: bool) -> None
 
 
 def tile(model: nn.Module, dtype: torch.dtype) -> tuple[int, str | None]:
-    """:meth:`TritLinear.tile` every ternary layer that can be: (layers tiled, why the first refused one was not)."""
+    """:meth:`TritLinear.tile` every ternary layer that can be: (layers tiled, why the first refused one was not);
+    then, with ``TRIT_PREFETCH_MB`` set, link the layers for the L2 prefetch (:mod:`trit.kernels.cuda.prefetch`)."""
+    from trit.kernels.cuda import prefetch
+
     done, why = 0, None
     for mod in model.modules():
         if isinstance(mod, TritLinear):
@@ -110,6 +113,8 @@ def tile(model: nn.Module, dtype: torch.dtype) -> tuple[int, str | None]:
                 done += 1
             elif why is None:
                 why = reason
+    if done and prefetch.budget_bytes():  # TRIT_PREFETCH_MB: each attention input asks the L2 for what follows
+        prefetch.link_model(model)
     return done, why
 
 

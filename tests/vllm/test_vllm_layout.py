@@ -23,9 +23,13 @@ def test_the_mma_layout_in_vllm_equals_the_runtime(tmp_path: Path, monkeypatch: 
     convert(src, tmp_path / "trit", ConvertOptions(method=Method.ABSMEAN, group_size=64), progress=False,
             log=lambda s: None)
     monkeypatch.setenv("TRIT_LAYOUT", "mma")  # the engine's subprocess inherits it
+    monkeypatch.setenv("TRIT_PREFETCH_MB", "1")  # and the L2 prefetch's links, which change no result
     records = llm_outputs(tmp_path / "trit", tmp_path / "out.json")
     trit_layers = [layer for layer in llm_layers(tmp_path / "out.json") if layer["method"] == "TritLinearMethod"]
     assert trit_layers and all(layer["tiled"] for layer in trit_layers)
+    # each qkv_proj prefetches its o_proj and the MLP after it (scales and codes each: six ranges); no other layer
+    assert {layer["name"].rpartition(".")[2]: layer["prefetch_ranges"] for layer in trit_layers} == {
+        "qkv_proj": 6, "o_proj": 0, "gate_up_proj": 0, "down_proj": 0}
     loaded = runtime.load(tmp_path / "trit", device="cpu", dtype=torch.float32)
     assert all(m.tiled for m in loaded.model.modules() if isinstance(m, TritLinear))
     for r in records:

@@ -98,6 +98,24 @@ __device__ __forceinline__ void red_add(float* p, float v) {
     asm volatile("red.global.add.f32 [%0], %1;" ::"l"(p), "f"(v) : "memory");
 }
 
+// A hint for a later kernel (trit/kernels/cuda/prefetch.py; compiled in with -DTRIT_L2_PREFETCH, so the other
+// layers run the kernels as they were): once a block's own loads are issued and its sums stored, it asks the L2 for its share of the byte ranges in ``pf`` (a count, then (address, bytes) pairs, 128-byte
+// aligned; null: nothing), a 128-byte line a thread at a time. Nothing waits on them: the kernel ends, and the
+// lines arrive while the kernels after it (attention) leave the memory idle. The results do not depend on it.
+__device__ __forceinline__ void l2_prefetch(const unsigned long long* __restrict__ pf) {
+    if (pf == nullptr) return;
+    const long blocks = (long)gridDim.x * gridDim.y * gridDim.z;
+    const long b = blockIdx.x + (long)gridDim.x * (blockIdx.y + (long)gridDim.y * blockIdx.z);
+    const int ranges = (int)__ldg(pf);
+    for (int i = 0; i < ranges; ++i) {
+        const char* base = reinterpret_cast<const char*>(__ldg(pf + 1 + 2 * i));
+        const long lines = (long)(__ldg(pf + 2 + 2 * i) >> 7);
+        const long l1 = lines * (b + 1) / blocks;
+        for (long l = lines * b / blocks + threadIdx.x; l < l1; l += blockDim.x)
+            asm volatile("prefetch.global.L2 [%0];" ::"l"(base + (l << 7)));
+    }
+}
+
 // Split-K, after a block has added its partial sums into the fp32 workspace ``ws`` (red.add): the last of the
 // ``splits`` blocks of row block blockIdx.x (a counter a row block in ``locks``) writes the bf16 output of its
 // ``block_rows`` rows and zeroes their workspace and its counter, so both are zero again for the next call.

@@ -114,7 +114,8 @@ __device__ __forceinline__ u32 splat_hi(u32 v) { return __byte_perm(v, 0, 0x3232
 template <int MT, int RT, int KI, int GS, int ST, bool FOLD, int NW>
 __global__ void __launch_bounds__(NW * 32) trit_mma(const U4* __restrict__ wq, const u32* __restrict__ sc,
                                                 const u16* __restrict__ x, u16* __restrict__ y,
-                                                float* __restrict__ ws, int* __restrict__ locks, int M, int N,
+                                                float* __restrict__ ws, int* __restrict__ locks,
+                                                const unsigned long long* __restrict__ pf, int M, int N,
                                                 int K, int KS, int GP, int chunks_per_split, int splits) {
     constexpr int KC = KI * 128;                      // inputs a chunk
     constexpr int LDS = KC + 8;                       // smem row stride (bf16): 16 bytes of padding, no bank conflicts
@@ -314,5 +315,8 @@ __global__ void __launch_bounds__(NW * 32) trit_mma(const U4* __restrict__ wq, c
                 if (splits == 1) y[(long)m * N + n] = f32_to_bf16(acc[r][tt][e]);
                 else red_add(ws + (long)m * N + n, acc[r][tt][e]);
             }
+#ifdef TRIT_L2_PREFETCH  // compiled in only for the layers that prefetch (prefetch.OPTIONS)
+    l2_prefetch(pf);
+#endif
     if (splits > 1) splitk_finish(y, ws, locks, M, N, NW * RT * 16, splits);
 }

@@ -33,6 +33,7 @@ from pathlib import Path
 import torch
 
 from trit import format as fmt
+from trit.kernels.cuda import prefetch
 
 SOURCE_FILE = Path(__file__).with_name("mma.cu")
 ROW_TILE = 16
@@ -307,8 +308,9 @@ def linear(x: torch.Tensor, r: MmaWeights, config: MmaConfig | None = None) -> t
     return run(plan(x.shape[0], r, config, x.device), x, r)
 
 
-def plan(m: int, r: MmaWeights, config: MmaConfig | None, device: torch.device) -> Plan:
-    """How the mma kernel runs M rows of a layer shaped like ``r`` (``config``, else the heuristic's)."""
+def plan(m: int, r: MmaWeights, config: MmaConfig | None, device: torch.device, l2: bool = False) -> Plan:
+    """How the mma kernel runs M rows of a layer shaped like ``r`` (``config``, else the heuristic's; ``l2``: the
+    build that prefetches, :mod:`trit.kernels.cuda.prefetch`)."""
     from trit.kernels.cuda import nvrtc
     from trit.kernels.triton.device import sm_count
 
@@ -316,7 +318,7 @@ def plan(m: int, r: MmaWeights, config: MmaConfig | None, device: torch.device) 
     mt = token_tiles(m, cfg.mt)
     cfg = fit_shared_memory(mt, cfg, r.group_size, max_smem(device) - 1024)
     smem = smem_bytes(mt, cfg, r.group_size)
-    kern = nvrtc.load(source(), kernel_name(mt, cfg, r.group_size), smem=smem)
+    kern = nvrtc.load(source(), kernel_name(mt, cfg, r.group_size), prefetch.OPTIONS if l2 else (), smem=smem)
     return gemm_plan(kern, r, cfg.warps, cfg.rt, cfg.ki, cfg.splits, token_slices(m, mt), smem)
 
 
@@ -354,8 +356,9 @@ def run(p: Plan, x: torch.Tensor, r: MmaWeights) -> torch.Tensor:
 
 
 # the parameters every kernel of this layout takes (``trit_mma``, ``trit_wgmma``, ``trit_gemv``, ``trit_imma``):
-# wq, sc, x, y, ws, locks, then M, N, K, KS, GP, the steps or chunks a split, splits (nvrtc.param_layout's codes)
-SIGNATURE = "PPPPPPiiiiiii"
+# wq, sc, x, y, ws, locks, the L2 prefetch table (trit.kernels.cuda.prefetch; 0: none), then M, N, K, KS, GP, the
+# steps or chunks a split, splits (nvrtc.param_layout's codes)
+SIGNATURE = "PPPPPPPiiiiiii"
 
 
 def launch(kern, x: torch.Tensor, r: MmaWeights, blocks: int, per_split: int, splits: int, slices: int, warps: int,
@@ -368,5 +371,5 @@ def launch(kern, x: torch.Tensor, r: MmaWeights, blocks: int, per_split: int, sp
     ws, locks = workspace(x.device, m * r.n if splits > 1 else 0, blocks * slices)
     kern.launch((blocks, splits, slices), warps * 32, smem, SIGNATURE,
                 (r.wq.data_ptr(), r.sc.data_ptr(), x.data_ptr(), y.data_ptr(), ws.data_ptr(), locks.data_ptr(),
-                 m, r.n, k, r.k_steps, r.scale_groups, per_split, splits))
+                 prefetch.table_ptr(r.wq), m, r.n, k, r.k_steps, r.scale_groups, per_split, splits))
     return y
