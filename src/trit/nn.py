@@ -114,8 +114,43 @@ def tile(model: nn.Module, dtype: torch.dtype) -> tuple[int, str | None]:
             elif why is None:
                 why = reason
     if done and prefetch.budget_bytes():  # TRIT_PREFETCH_MB: each attention input asks the L2 for what follows
-        prefetch.link_model(model)
+        link_prefetch(model)
     return done, why
+
+
+def link_prefetch(model: nn.Module, budget: int | None = None) -> int:
+    """Link a loaded model's ternary layers for the L2 prefetch (:mod:`trit.kernels.cuda.prefetch`) in module
+    order, as the runtime's loader does after :func:`tile` (another model's links stay): returns the number of
+    its layers that got a table."""
+    from trit.kernels.cuda import prefetch
+
+    prefetch.end_chain()
+    for name, mod in model.named_modules():
+        if isinstance(mod, TritLinear):
+            codes, tensors = layer_tensors(mod)
+            prefetch.loaded(name, codes, tensors, budget)
+    prefetch.end_chain()
+    linked = 0
+    for mod in model.modules():
+        if isinstance(mod, TritLinear):
+            codes, _ = layer_tensors(mod)
+            linked += codes is not None and prefetch.table_ptr(codes) != 0
+    return linked
+
+
+def layer_tensors(mod: TritLinear) -> tuple[torch.Tensor | None, list[torch.Tensor]]:
+    """A layer's first plane's codes in the mma layout (``None`` in format v1), and what its kernels read, scales
+    before codes for each plane."""
+    tensors: list[torch.Tensor] = []
+    codes = None
+    for plane in mod.planes_for_forward():
+        if hasattr(plane, "wq"):
+            tensors += [plane.sc, plane.wq]
+            codes = codes if codes is not None else plane.wq
+        else:
+            packed, scale = plane
+            tensors += [scale, packed]
+    return codes, tensors
 
 
 def use_int8_head(model: nn.Module, where: str) -> None:

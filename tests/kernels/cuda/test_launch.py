@@ -76,8 +76,9 @@ def test_a_problems_launch_is_planned_once_until_the_tables_change(monkeypatch: 
     assert sorted(key[1] for key in launch._PLANS) == [7, 8]
     # a layer that prefetches into the L2 gets that build, planned apart
     monkeypatch.setattr(launch.prefetch, "_TABLES", {r.wq.data_ptr(): torch.zeros(3, dtype=torch.int64)})
-    launch._planned("cuda_mma", plan, mma.MmaConfig, torch.zeros(6, 128, dtype=BF16), r, None)
-    assert planned[-1] == (6, mma.MmaConfig(rt=1), "l2")
+    before = len(planned)
+    launch._planned("cuda_mma", plan, mma.MmaConfig, torch.zeros(7, 128, dtype=BF16), r, None)  # planned before
+    assert len(planned) == before + 1 and planned[-1][0] == 7 and planned[-1][-1] == "l2"
     with pytest.raises(ValueError, match="takes bf16 x with K = 128"):  # the refusals send nothing else; checked
         launch._planned("cuda_mma", plan, mma.MmaConfig, torch.zeros(6, 128), r, None)
     with pytest.raises(ValueError, match="takes bf16 x with K = 128"):

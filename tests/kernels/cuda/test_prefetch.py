@@ -38,7 +38,7 @@ def test_the_budget_is_megabytes_and_off_by_default(monkeypatch: pytest.MonkeyPa
     assert prefetch.budget_bytes() == want
 
 
-@pytest.mark.parametrize("raw", ["lots", "-1"])
+@pytest.mark.parametrize("raw", ["lots", "-1", "nan", "inf"])
 def test_a_budget_that_is_not_megabytes_is_refused_by_name(monkeypatch: pytest.MonkeyPatch, raw: str) -> None:
     monkeypatch.setenv(prefetch.ENV, raw)
     with pytest.raises(ValueError, match=f"{prefetch.ENV}={raw!r}: expected megabytes"):
@@ -47,11 +47,12 @@ def test_a_budget_that_is_not_megabytes_is_refused_by_name(monkeypatch: pytest.M
 
 @pytest.mark.parametrize(("name", "source"), [
     ("model.layers.0.self_attn.qkv_proj", True), ("model.layers.3.self_attn.v_proj", True),
-    ("model.layers.3.self_attn.q_proj", False), ("model.layers.0.self_attn.o_proj", False),
+    ("model.layers.3.self_attn.q_proj", True), ("model.layers.0.self_attn.o_proj", False),
     ("model.layers.0.mlp.gate_up_proj", False), ("transformer.h.0.attn.c_attn", True),
     ("gpt_neox.layers.0.attention.query_key_value", True), ("model.layers.0.mlp.down_proj", False),
+    ("transformer.blocks.0.attn.Wqkv", True),
 ])
-def test_the_last_projection_before_attention_is_a_source(name: str, source: bool) -> None:
+def test_the_projections_attention_reads_can_be_sources(name: str, source: bool) -> None:
     assert prefetch.is_source(name) is source
 
 
@@ -76,7 +77,7 @@ def test_each_attention_input_prefetches_what_follows_within_its_budget() -> Non
         # in order: o's scales, o's codes, gate_up's scales, then the start of gate_up's codes
         for (s, e), t in zip(covered, (o[0], o[1], gate_up[0], gate_up[1]), strict=True):
             lo, hi = _span(t)
-            assert s <= lo < s + prefetch.LINE and e <= hi + prefetch.LINE
+            assert s <= lo < s + prefetch.LINE and e <= hi
         assert covered[3][1] < _span(gate_up[1])[1]  # gate_up's codes only in part
         for t in (o[1], gate_up[1], down[1]):
             assert prefetch.table(t) == [] and prefetch.table_ptr(t) == 0
@@ -103,10 +104,12 @@ def test_a_table_goes_with_its_source_and_then_lets_its_targets_go() -> None:
     qkv, o = _layer(MB), _layer(MB)
     prefetch.loaded("l.0.self_attn.qkv_proj", qkv[1], list(qkv), 8 * MB)
     prefetch.loaded("l.0.self_attn.o_proj", None, list(o), 8 * MB)
-    target = weakref.ref(o[1])
+    next_qkv = _layer(MB)
+    prefetch.loaded("l.1.self_attn.qkv_proj", next_qkv[1], list(next_qkv), 8 * MB)  # the chain has moved on
+    target = weakref.ref(o[1].untyped_storage())
     del o
     gc.collect()
-    assert target() is not None  # the table keeps what it points at alive
+    assert target() is not None  # the table keeps the memory it points at alive
     source = qkv[1]
     del qkv
     gc.collect()
@@ -122,27 +125,42 @@ def test_a_runtime_model_links_in_module_order(monkeypatch: pytest.MonkeyPatch) 
     from transformers import LlamaConfig
 
     from trit import format as fmt
-    from trit.nn import TritLinear
+    from trit.nn import TritLinear, layer_tensors, link_prefetch
     from trit.synthetic import random_model
 
     monkeypatch.setenv("TRIT_LAYOUT", "mma")
     config = LlamaConfig(hidden_size=128, intermediate_size=256, num_hidden_layers=2, num_attention_heads=2,
                          num_key_value_heads=1, vocab_size=64)
     model = random_model(config, fmt.TritConfig(group_size=64), dtype=torch.float32)
-    assert prefetch.link_model(model, budget=MB) == 2  # no budget from the environment: nothing linked at tile
+    assert link_prefetch(model, budget=MB) == 2  # no budget from the environment: nothing linked at tile
     mods = dict(model.named_modules())
     for i in range(2):
         v = mods[f"model.layers.{i}.self_attn.v_proj"]
         o = mods[f"model.layers.{i}.self_attn.o_proj"]
         assert isinstance(v, TritLinear) and v.tiled
-        ranges = prefetch.table(prefetch.layer_tensors(v)[0])
-        first = prefetch.layer_tensors(o)[1][0]
+        ranges = prefetch.table(layer_tensors(v)[0])
+        first = layer_tensors(o)[1][0]
         assert ranges[0][0] == first.data_ptr() // prefetch.LINE * prefetch.LINE
-        # o, gate, up and down all fit in a megabyte here, then the next layer's q and k (they run next), up to
-        # its v_proj, the next source; the last layer has no next
-        assert len(ranges) == (12 if i == 0 else 8)
+        # o, gate, up and down (scales and codes each) all fit in a megabyte here; the next layer's q_proj starts
+        # the next block
+        assert len(ranges) == 8
     for name in ("q_proj", "k_proj", "o_proj"):
-        assert prefetch.table_ptr(prefetch.layer_tensors(mods[f"model.layers.0.self_attn.{name}"])[0]) == 0
+        assert prefetch.table_ptr(layer_tensors(mods[f"model.layers.0.self_attn.{name}"])[0]) == 0
+
+
+def test_the_last_projection_of_a_block_on_the_cuda_kernels_is_its_source() -> None:
+    """q, k and v apart, only q in the mma layout (k and v, smaller, stay in format v1): q prefetches o and the MLP
+    (not k and v, which attention reads before); the next block's projections end the chain even without codes."""
+    q, k, v, o, mlp, q1 = _layer(MB), _layer(MB // 4), _layer(MB // 4), _layer(MB), _layer(MB), _layer(MB)
+    prefetch.loaded("l.0.self_attn.q_proj", q[1], list(q), 64 * MB)
+    prefetch.loaded("l.0.self_attn.k_proj", None, list(k), 64 * MB)
+    prefetch.loaded("l.0.self_attn.v_proj", None, list(v), 64 * MB)
+    prefetch.loaded("l.0.self_attn.o_proj", None, list(o), 64 * MB)
+    prefetch.loaded("l.0.mlp.down_proj", None, list(mlp), 64 * MB)
+    prefetch.loaded("l.1.self_attn.q_proj", None, list(q1), 64 * MB)
+    prefetch.loaded("l.1.mlp.down_proj", None, list(_layer(MB)), 64 * MB)
+    starts = [start for start, _ in prefetch.table(q[1])]
+    assert starts == [t.data_ptr() // prefetch.LINE * prefetch.LINE for t in (*o, *mlp)]
 
 
 def test_the_kernels_are_handed_the_table(monkeypatch: pytest.MonkeyPatch) -> None:
@@ -196,7 +214,9 @@ def test_a_kernel_that_prefetches_computes_what_it_did(kernel: str, m: int) -> N
                  "cuda_mma": (mma.plan, mma.MmaConfig(splits=1)),
                  "cuda_wgmma": (wgmma.plan, wgmma.WgmmaConfig(ntok=64, splits=1))}[kernel]
     x = torch.randn(m, k, dtype=torch.bfloat16, device="cuda")
-    plain = mma.run(plan(m, src, cfg, x.device), x, src)  # the plain build ignores the table it is handed
-    with_l2 = mma.run(plan(m, src, cfg, x.device, l2=True), x, src)
+    plain_plan, l2_plan = plan(m, src, cfg, x.device), plan(m, src, cfg, x.device, l2=True)
+    assert plain_plan.kern is not l2_plan.kern  # two builds
+    plain = mma.run(plain_plan, x, src)  # the plain build ignores the table it is handed
+    with_l2 = mma.run(l2_plan, x, src)
     torch.cuda.synchronize()
     assert torch.equal(plain, with_l2)

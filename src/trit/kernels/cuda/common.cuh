@@ -99,9 +99,10 @@ __device__ __forceinline__ void red_add(float* p, float v) {
 }
 
 // A hint for a later kernel (trit/kernels/cuda/prefetch.py; compiled in with -DTRIT_L2_PREFETCH, so the other
-// layers run the kernels as they were): once a block's own loads are issued and its sums stored, it asks the L2 for its share of the byte ranges in ``pf`` (a count, then (address, bytes) pairs, 128-byte
-// aligned; null: nothing), a 128-byte line a thread at a time. Nothing waits on them: the kernel ends, and the
-// lines arrive while the kernels after it (attention) leave the memory idle. The results do not depend on it.
+// layers run the kernels as they were): once a block's output (or split-K share) is written, it asks the L2 for
+// its share of the byte ranges in ``pf`` (a count, then (address, bytes) pairs, in whole 128-byte lines; null:
+// nothing). On sm_90 a thread asks for up to 4 KiB at once (cp.async.bulk.prefetch.L2, made for this), elsewhere
+// a line at a time (prefetch.global.L2). Neither has a result to wait for; the results do not depend on them.
 __device__ __forceinline__ void l2_prefetch(const unsigned long long* __restrict__ pf) {
     if (pf == nullptr) return;
     const long blocks = (long)gridDim.x * gridDim.y * gridDim.z;
@@ -110,9 +111,17 @@ __device__ __forceinline__ void l2_prefetch(const unsigned long long* __restrict
     for (int i = 0; i < ranges; ++i) {
         const char* base = reinterpret_cast<const char*>(__ldg(pf + 1 + 2 * i));
         const long lines = (long)(__ldg(pf + 2 + 2 * i) >> 7);
-        const long l1 = lines * (b + 1) / blocks;
-        for (long l = lines * b / blocks + threadIdx.x; l < l1; l += blockDim.x)
-            asm volatile("prefetch.global.L2 [%0];" ::"l"(base + (l << 7)));
+        const long end = (lines * (b + 1) / blocks) << 7;
+#if __CUDA_ARCH__ >= 900
+        constexpr long CHUNK = 4096;
+        for (long c = ((lines * b / blocks) << 7) + threadIdx.x * CHUNK; c < end; c += (long)blockDim.x * CHUNK) {
+            const unsigned size = (unsigned)min(CHUNK, end - c);  // a multiple of 128
+            asm volatile("cp.async.bulk.prefetch.L2.global [%0], %1;" ::"l"(base + c), "r"(size) : "memory");
+        }
+#else
+        for (long c = ((lines * b / blocks) << 7) + threadIdx.x * 128; c < end; c += (long)blockDim.x * 128)
+            asm volatile("prefetch.global.L2 [%0];" ::"l"(base + c));
+#endif
     }
 }
 

@@ -218,10 +218,10 @@ __global__ void __launch_bounds__(NW * 32) trit_gemv(const U4* __restrict__ wq, 
                 else red_add(ws + (long)m * N + n, v);
             }
         }
-#ifdef TRIT_L2_PREFETCH  // compiled in only for the layers that prefetch (prefetch.OPTIONS)
-    l2_prefetch(pf);
-#endif
     if (splits > 1) splitk_finish(y, ws, locks, M, N, NW * RT * 16, splits);
+#ifdef TRIT_L2_PREFETCH  // compiled in only for the layers that prefetch (prefetch.OPTIONS)
+    l2_prefetch(pf);  // after the output: the block that writes it is not held back
+#endif
 }
 
 // The dense bf16 weight (N, K) from the layout, for prefill (then cuBLAS): a warp a 16-row tile and 128-input
