@@ -341,6 +341,7 @@ def serve(folder: str = "serve") -> str:
              "TPOT p99 ms bf16 / trit | TTFT p50 ms bf16 / trit | failed |" + (" server starts bf16 / trit |"
                                                                              if repeated else ""),
              "|---|---|---|---|---|---|---|---|---|" + ("---|" if repeated else "")]
+    any_apart = False  # the footnote explains only the marks the table holds
     for model in dict.fromkeys(m for m, _ in servers):
         levels = by_level[model]
         for c in sorted(levels):
@@ -355,6 +356,7 @@ def serve(folder: str = "serve") -> str:
                 return format(v, fmt_)
 
             apart = not all(levels[c].get(w, (False,))[0] for w in ("bf16", "trit"))
+            any_apart = any_apart or (apart and bool(lb and lt))
             ratio = (f"x{lt['output_tokens_per_s'] / lb['output_tokens_per_s']:.2f}{' *' if apart else ''}"
                      if lb and lt else "-")
             failed = sum(lv["failed"] for lv in (lb, lt) if lv)
@@ -381,9 +383,10 @@ def serve(folder: str = "serve") -> str:
     lines += ["", f"vLLM {any_run['versions'].get('vllm', '?')} OpenAI server (multiprocess engine, CUDA graphs, "
               f"dummy weights), driven by vLLM's serving benchmark client: random prompts of {any_run['input_len']} "
               f"tokens, {any_run['output_len']} output tokens each (`--ignore-eos`), {any_run['device']}; "
-              f"`benchmarks/results/{folder}/*.json` hold the commands. `-`: not measured; `*`: the two weight kinds "
-              "were served in separate invocations; with several server starts (`--starts`), the start of median "
-              "throughput, and how far the starts' throughputs lay apart."]
+              f"`benchmarks/results/{folder}/*.json` hold the commands. `-`: not measured"
+              + ("; `*`: the two weight kinds were served in separate invocations" if any_apart else "")
+              + ("; with several server starts (`--starts`), the start of median throughput, and how far the starts' "
+                 "throughputs lay apart" if repeated else "") + "."]
     return "\n".join(lines)
 
 
