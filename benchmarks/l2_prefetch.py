@@ -27,45 +27,6 @@ SHAPES = {"qkv": (6144, 4096), "o": (4096, 4096), "gate_up": (28672, 4096), "dow
 GROUP = 64
 
 
-def copy_bandwidth_gbs() -> float:
-    a = torch.empty(2**30, dtype=torch.uint8, device="cuda")
-    b = torch.empty_like(a)
-    for _ in range(3):
-        b.copy_(a)
-    torch.cuda.synchronize()
-    start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-    start.record()
-    for _ in range(10):
-        b.copy_(a)
-    end.record()
-    end.synchronize()
-    return 2 * a.numel() * 10 / (start.elapsed_time(end) * 1e-3) / 1e9
-
-
-def graph_us(step, reps: int) -> float:
-    """Median replay time of a CUDA graph of ``step``, in microseconds."""
-    stream = torch.cuda.Stream()
-    stream.wait_stream(torch.cuda.current_stream())
-    with torch.cuda.stream(stream):
-        step()
-    torch.cuda.current_stream().wait_stream(stream)
-    torch.cuda.synchronize()
-    graph = torch.cuda.CUDAGraph()
-    with torch.cuda.graph(graph):
-        step()
-    graph.replay()
-    torch.cuda.synchronize()
-    times = []
-    for _ in range(reps):
-        start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-        start.record()
-        graph.replay()
-        end.record()
-        end.synchronize()
-        times.append(start.elapsed_time(end) * 1e3)
-    return sorted(times)[len(times) // 2]
-
-
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--layers", type=int, default=8)
@@ -77,7 +38,12 @@ def main(argv: list[str] | None = None) -> int:
     args = ap.parse_args(argv)
 
     import trit.ops  # noqa: F401  (the ops)
+    from trit.bench.kernels import copy_bandwidth
+    from trit.kernels import tuning
     from trit.kernels.cuda import launch, mma, prefetch
+
+    def graph_us(step) -> float:  # one replay of the step's graph, median
+        return tuning.graph_time_us([step], reps=args.reps)
     from trit.synthetic import random_packed
 
     torch.manual_seed(0)
@@ -129,19 +95,19 @@ def main(argv: list[str] | None = None) -> int:
                                 tensors(w), int(budget_mb * 2**20))
         return sum(1 for layer in layers if prefetch.table_ptr(layer["qkv"].wq))
 
-    sleep_only = graph_us(lambda: [torch.cuda._sleep(cycles) for _ in layers], args.reps)
-    bandwidth = copy_bandwidth_gbs()
+    sleep_only = graph_us(lambda: [torch.cuda._sleep(cycles) for _ in layers])
+    bandwidth = copy_bandwidth() / 1e9
     weight_mb = sum(t.numel() * t.element_size() for t in (x for w in layers[0].values() for x in tensors(w))) / 2**20
     rows = []
     for m in [int(v) for v in args.ms.split(",")]:
         x = torch.randn(m, 4096, dtype=torch.bfloat16, device="cuda")
         outs: list = [None] * args.layers
-        bf16_us = graph_us(functools.partial(bf16_step, x, outs), args.reps)
+        bf16_us = graph_us(functools.partial(bf16_step, x, outs))
         plain = None
         budgets = [float(v) for v in args.budgets.split(",")]
         for budget in [0.0, *(b for b in budgets if b != 0)]:  # the plain build first: the outputs' reference
             linked = link(budget)
-            step_us = graph_us(functools.partial(trit_step, x, outs), args.reps)
+            step_us = graph_us(functools.partial(trit_step, x, outs))
             got = torch.stack([o.float() for o in outs])
             if plain is None:
                 plain = got
