@@ -125,17 +125,15 @@ def link_prefetch(model: nn.Module, budget: int | None = None) -> int:
     from trit.kernels.cuda import prefetch
 
     prefetch.end_chain()
+    sources = []
     for name, mod in model.named_modules():
         if isinstance(mod, TritLinear):
             codes, tensors = layer_tensors(mod)
             prefetch.loaded(name, codes, tensors, budget)
+            if codes is not None:
+                sources.append(codes)
     prefetch.end_chain()
-    linked = 0
-    for mod in model.modules():
-        if isinstance(mod, TritLinear):
-            codes, _ = layer_tensors(mod)
-            linked += codes is not None and prefetch.table_ptr(codes) != 0
-    return linked
+    return sum(prefetch.table_ptr(codes) != 0 for codes in sources)  # tables fill as later layers load
 
 
 def layer_tensors(mod: TritLinear) -> tuple[torch.Tensor | None, list[torch.Tensor]]:

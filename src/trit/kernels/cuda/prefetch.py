@@ -70,11 +70,10 @@ def is_source(name: str) -> bool:
 
 @dataclass
 class _Source:
-    codes: weakref.ref  # the source's codes (the kernel's ``wq``), not kept alive by the link
+    key: int  # the address of the source's codes (the kernel's ``wq``); the link does not keep them alive
     device: torch.device
     block: str  # the attention block's module path
     left: int  # bytes of budget not yet given to a range
-    finalized: bool = False  # the table goes with the codes (registered at the first table)
     ranges: list[tuple[int, int]] = field(default_factory=list)  # (address, bytes)
     keep: list[torch.Tensor] = field(default_factory=list)  # the targets' tensors, alive while the table is
 
@@ -102,23 +101,17 @@ def table(codes: torch.Tensor) -> list[tuple[int, int]]:
 
 
 def _publish(src: _Source) -> None:
-    codes = src.codes()
-    if codes is None:  # the source went before its targets loaded
-        return
-    key = codes.data_ptr()
     flat = [len(src.ranges)] + [v for r in src.ranges for v in r]
-    _TABLES[key] = torch.tensor(flat, dtype=torch.int64, device=src.device)
-    _KEEP[key] = list(src.keep)
-    if not src.finalized:
-        weakref.finalize(codes, _forget, key)
-        src.finalized = True
+    _TABLES[src.key] = torch.tensor(flat, dtype=torch.int64, device=src.device)
+    _KEEP[src.key] = src.keep
 
 
 def _forget(key: int) -> None:
+    """The source's codes are freed: its table goes, and the chain does not keep its targets either."""
     global _pending
     _TABLES.pop(key, None)
     _KEEP.pop(key, None)
-    if _pending is not None and _pending.codes() is None:  # nor does the chain keep the source's targets
+    if _pending is not None and _pending.key == key:
         _pending = None
 
 
@@ -146,12 +139,11 @@ def loaded(name: str, codes: torch.Tensor | None, tensors: list[torch.Tensor], b
     budget = budget_bytes() if budget is None else budget
     if budget <= 0:
         return
-    if _pending is not None and _pending.codes() is None:  # its source went before its targets loaded
-        _pending = None
     if is_source(name):
         block = name.rpartition(".")[0]
         if codes is not None:  # on the CPU (TRIT_LAYOUT=mma) the table is made and never read
-            _pending = _Source(weakref.ref(codes), codes.device, block, budget)
+            _pending = _Source(codes.data_ptr(), codes.device, block, budget)
+            weakref.finalize(codes, _forget, _pending.key)
         elif _pending is not None and _pending.block != block:
             _pending = None  # the next block's attention: the last source's targets end here
         return
