@@ -51,7 +51,7 @@ def test_a_problems_launch_is_planned_once_until_the_tables_change(monkeypatch: 
         planned.append((m, config) if not l2 else (m, config, "l2"))
         return f"plan {m} #{len(planned)}"
 
-    def run(p, x2, r):
+    def run(p, x2, r, pf=None):
         ran.append((p, tuple(x2.shape)))
         return torch.ones(x2.shape[0], r.n)
 

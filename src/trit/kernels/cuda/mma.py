@@ -345,14 +345,15 @@ class Plan:
     smem: int
 
 
-def run(p: Plan, x: torch.Tensor, r: MmaWeights) -> torch.Tensor:
-    """``x`` (M, K) bf16, K = ``r.k`` -> (M, N) bf16 as planned. Every kernel of the layout copies ``x`` in 16-byte
+def run(p: Plan, x: torch.Tensor, r: MmaWeights, pf: int | None = None) -> torch.Tensor:
+    """``x`` (M, K) bf16, K = ``r.k`` -> (M, N) bf16 as planned (``pf``: the layer's prefetch table, where the
+    caller has looked it up; :func:`launch`). Every kernel of the layout copies ``x`` in 16-byte
     pieces from its first byte (``cp.async`` or vector loads), so an ``x`` that does not start on 16 bytes (a view
     into a larger buffer) is copied first."""
     x = x.contiguous()
     if x.data_ptr() % 16:
         x = x.clone()
-    return launch(p.kern, x, r, p.blocks, p.per_split, p.splits, p.slices, p.warps, p.smem)
+    return launch(p.kern, x, r, p.blocks, p.per_split, p.splits, p.slices, p.warps, p.smem, pf)
 
 
 # the parameters every kernel of this layout takes (``trit_mma``, ``trit_wgmma``, ``trit_gemv``, ``trit_imma``):
@@ -362,7 +363,7 @@ SIGNATURE = "PPPPPPPiiiiiii"
 
 
 def launch(kern, x: torch.Tensor, r: MmaWeights, blocks: int, per_split: int, splits: int, slices: int, warps: int,
-           smem: int) -> torch.Tensor:
+           smem: int, pf: int | None = None) -> torch.Tensor:
     """Launch any kernel of this layout (they all take the same arguments: ``trit_mma``, ``trit_wgmma``,
     ``trit_gemv``, ``trit_imma``) on contiguous bf16 ``x``: a grid of row blocks x K splits (``per_split`` steps
     or chunks each) x token slices, with the split-K workspace and its counters."""
@@ -371,5 +372,6 @@ def launch(kern, x: torch.Tensor, r: MmaWeights, blocks: int, per_split: int, sp
     ws, locks = workspace(x.device, m * r.n if splits > 1 else 0, blocks * slices)
     kern.launch((blocks, splits, slices), warps * 32, smem, SIGNATURE,
                 (r.wq.data_ptr(), r.sc.data_ptr(), x.data_ptr(), y.data_ptr(), ws.data_ptr(), locks.data_ptr(),
-                 prefetch.table_ptr(r.wq), m, r.n, k, r.k_steps, r.scale_groups, per_split, splits))
+                 prefetch.table_ptr(r.wq) if pf is None else pf, m, r.n, k, r.k_steps, r.scale_groups, per_split,
+                 splits))
     return y
