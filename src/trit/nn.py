@@ -100,10 +100,7 @@ def _refuse_tiled_state(module: nn.Module, prefix: str, keep_vars: bool) -> None
 
 
 def tile(model: nn.Module, dtype: torch.dtype) -> tuple[int, str | None]:
-    """:meth:`TritLinear.tile` every ternary layer that can be: (layers tiled, why the first refused one was not);
-    then, with ``TRIT_PREFETCH_MB`` set, link the layers for the L2 prefetch (:mod:`trit.kernels.cuda.prefetch`)."""
-    from trit.kernels.cuda import prefetch
-
+    """:meth:`TritLinear.tile` every ternary layer that can be: (layers tiled, why the first refused one was not)."""
     done, why = 0, None
     for mod in model.modules():
         if isinstance(mod, TritLinear):
@@ -113,42 +110,7 @@ def tile(model: nn.Module, dtype: torch.dtype) -> tuple[int, str | None]:
                 done += 1
             elif why is None:
                 why = reason
-    if done and prefetch.budget_bytes():  # TRIT_PREFETCH_MB: each attention input asks the L2 for what follows
-        link_prefetch(model)
     return done, why
-
-
-def link_prefetch(model: nn.Module, budget: int | None = None) -> int:
-    """Link a loaded model's ternary layers for the L2 prefetch (:mod:`trit.kernels.cuda.prefetch`) in module
-    order, as the runtime's loader does after :func:`tile` (another model's links stay): returns the number of
-    its layers that got a table."""
-    from trit.kernels.cuda import prefetch
-
-    prefetch.end_chain()
-    sources = []
-    for name, mod in model.named_modules():
-        if isinstance(mod, TritLinear):
-            codes, tensors = layer_tensors(mod)
-            prefetch.loaded(name, codes, tensors, budget)
-            if codes is not None:
-                sources.append(codes)
-    prefetch.end_chain()
-    return sum(prefetch.table_ptr(codes) != 0 for codes in sources)  # tables fill as later layers load
-
-
-def layer_tensors(mod: TritLinear) -> tuple[torch.Tensor | None, list[torch.Tensor]]:
-    """A layer's first plane's codes in the mma layout (``None`` in format v1), and what its kernels read, scales
-    before codes for each plane."""
-    tensors: list[torch.Tensor] = []
-    codes = None
-    for plane in mod.planes_for_forward():
-        if hasattr(plane, "wq"):
-            tensors += [plane.sc, plane.wq]
-            codes = codes if codes is not None else plane.wq
-        else:
-            packed, scale = plane
-            tensors += [scale, packed]
-    return codes, tensors
 
 
 def use_int8_head(model: nn.Module, where: str) -> None:

@@ -27,8 +27,6 @@ from trit.format import dequantize
 from trit.kernels.cuda import launch as cuda_launch
 from trit.kernels.cuda.launch import tile_refusal  # noqa: F401  (for the vLLM plugin, which stands on ops)
 from trit.kernels.cuda.mma import MmaWeights, repack  # noqa: F401  (the same)
-from trit.kernels.cuda.prefetch import budget_bytes as prefetch_budget  # noqa: F401  (the same)
-from trit.kernels.cuda.prefetch import loaded as prefetch_loaded  # noqa: F401  (the same)
 from trit.kernels.registry import Problem, choose_kernel
 
 _LIB = torch.library.Library("trit", "DEF")

@@ -5,7 +5,7 @@
 Writes the greedy continuations and prompt log-probs of a fixed prompt set as JSON, and beside it
 (``OUT.layers.json``) each linear layer of the model vLLM built, with its quantization method's class,
 its scheme's class where the method has one (compressed-tensors), the activation rounding the plugin set on it,
-whether the plugin repacked it into the mma layout, and how many byte ranges it prefetches into the L2; and (``OUT.head.json``) the output layer's method.
+and whether the plugin repacked it into the mma layout; and (``OUT.head.json``) the output layer's method.
 """
 
 import json
@@ -17,16 +17,8 @@ PROMPTS = ["The capital of France is", "Hello, my name is", "def fibonacci(n):",
 def linear_layers(model) -> list[dict]:
     from vllm.model_executor.layers.linear import LinearBase
 
-    # the plugin's L2 prefetch links, where the plugin loaded that module (TRIT_PREFETCH_MB): looked up, not imported
-    prefetch = sys.modules.get("trit.kernels.cuda.prefetch")
-
-    def ranges(m) -> int | None:
-        codes = getattr(m, "tiles_0_codes", None)
-        return None if prefetch is None or codes is None else len(prefetch.table(codes))
-
     return [{"name": name, "method": type(m.quant_method).__name__, "act_int8": getattr(m, "trit_act_int8", None),
-             "tiled": getattr(m, "trit_tiled", None), "scheme": type(m.scheme).__name__ if hasattr(m, "scheme") else None,
-             "prefetch_ranges": ranges(m)}
+             "tiled": getattr(m, "trit_tiled", None), "scheme": type(m.scheme).__name__ if hasattr(m, "scheme") else None}
             for name, m in model.named_modules() if isinstance(m, LinearBase)]
 
 

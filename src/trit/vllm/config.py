@@ -248,11 +248,6 @@ class TritLinearMethod(LinearMethodBase):
                 plane = (packed, scale)
             if trit.ops.warm_up_wanted(packed.device):  # compile the prefill kernels at load, not in a request
                 trit.ops.warm_up(layer.trit_in_features, plane, group, layer.trit_dtype, layer.trit_act_int8)
-        if trit.ops.prefetch_budget():  # TRIT_PREFETCH_MB: layers link in the order vLLM processes them, the model's
-            names = [(f"tiles_{i}_scales", f"tiles_{i}_codes") if layer.trit_tiled else (scale_name, packed_name)
-                     for i, (packed_name, scale_name) in enumerate(layer.trit_planes)]
-            trit.ops.prefetch_loaded(self.prefix, getattr(layer, "tiles_0_codes", None) if layer.trit_tiled else None,
-                            [getattr(layer, n) for pair in names for n in pair])
 
     def apply(self, layer: torch.nn.Module, x: torch.Tensor, bias: torch.Tensor | None = None) -> torch.Tensor:
         if layer.trit_tiled:

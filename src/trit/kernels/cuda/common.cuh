@@ -98,33 +98,6 @@ __device__ __forceinline__ void red_add(float* p, float v) {
     asm volatile("red.global.add.f32 [%0], %1;" ::"l"(p), "f"(v) : "memory");
 }
 
-// A hint for a later kernel (trit/kernels/cuda/prefetch.py; compiled in with -DTRIT_L2_PREFETCH, so the other
-// layers run the kernels as they were): once a block's output (or split-K share) is written, it asks the L2 for
-// its share of the byte ranges in ``pf`` (a count, then (address, bytes) pairs, in whole 128-byte lines; null:
-// nothing). On sm_90 a thread asks for up to 4 KiB at once (cp.async.bulk.prefetch.L2, made for this), elsewhere
-// a line at a time (prefetch.global.L2). Neither has a result to wait for; the results do not depend on them.
-__device__ __forceinline__ void l2_prefetch(const unsigned long long* __restrict__ pf) {
-    if (pf == nullptr) return;
-    const long blocks = (long)gridDim.x * gridDim.y * gridDim.z;
-    const long b = blockIdx.x + (long)gridDim.x * (blockIdx.y + (long)gridDim.y * blockIdx.z);
-    const int ranges = (int)__ldg(pf);
-    for (int i = 0; i < ranges; ++i) {
-        const char* base = reinterpret_cast<const char*>(__ldg(pf + 1 + 2 * i));
-        const long lines = (long)(__ldg(pf + 2 + 2 * i) >> 7);
-        const long end = (lines * (b + 1) / blocks) << 7;
-#if __CUDA_ARCH__ >= 900
-        constexpr long CHUNK = 4096;
-        for (long c = ((lines * b / blocks) << 7) + threadIdx.x * CHUNK; c < end; c += (long)blockDim.x * CHUNK) {
-            const unsigned size = (unsigned)min(CHUNK, end - c);  // a multiple of 128
-            asm volatile("cp.async.bulk.prefetch.L2.global [%0], %1;" ::"l"(base + c), "r"(size) : "memory");
-        }
-#else
-        for (long c = ((lines * b / blocks) << 7) + threadIdx.x * 128; c < end; c += (long)blockDim.x * 128)
-            asm volatile("prefetch.global.L2 [%0];" ::"l"(base + c));
-#endif
-    }
-}
-
 // Split-K, after a block has added its partial sums into the fp32 workspace ``ws`` (red.add): the last of the
 // ``splits`` blocks of row block blockIdx.x (a counter a row block in ``locks``) writes the bf16 output of its
 // ``block_rows`` rows and zeroes their workspace and its counter, so both are zero again for the next call.

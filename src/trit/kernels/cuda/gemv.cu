@@ -36,8 +36,7 @@ __device__ __forceinline__ int dp2a_hi(u32 a, u32 b, int c) {
 template <int MG, int RT, int GS, int NW, int PF>
 __global__ void __launch_bounds__(NW * 32) trit_gemv(const U4* __restrict__ wq, const u32* __restrict__ sc,
                                                  const u16* __restrict__ x, u16* __restrict__ y,
-                                                 float* __restrict__ ws, int* __restrict__ locks,
-                                                const unsigned long long* __restrict__ pf, int M, int N,
+                                                 float* __restrict__ ws, int* __restrict__ locks, int M, int N,
                                                  int K, int KS, int GP, int steps_per_split, int splits) {
     constexpr int U = GS == 0 ? 4 : GS / 32;  // words a unit: a scale group, or a step when groups are larger
     constexpr int UPS = 4 / U;                 // units a step
@@ -219,9 +218,6 @@ __global__ void __launch_bounds__(NW * 32) trit_gemv(const U4* __restrict__ wq, 
             }
         }
     if (splits > 1) splitk_finish(y, ws, locks, M, N, NW * RT * 16, splits);
-#ifdef TRIT_L2_PREFETCH  // compiled in only for the layers that prefetch (prefetch.OPTIONS)
-    l2_prefetch(pf);  // after the output: the block that writes it is not held back
-#endif
 }
 
 // The dense bf16 weight (N, K) from the layout, for prefill (then cuBLAS): a warp a 16-row tile and 128-input

@@ -102,7 +102,7 @@ def split_steps(k_steps: int, splits: int) -> tuple[int, int]:
 
 
 def few_token_plan(source: str, name: str, smem_for, r: mma.MmaWeights, device: torch.device, splits: int,
-                   block_tiles: int, warps: int, options: tuple[str, ...] = ()) -> mma.Plan:
+                   block_tiles: int, warps: int) -> mma.Plan:
     """A few-token kernel of this layout (``trit_gemv``, ``trit_imma``: the same arguments): row blocks of
     ``block_tiles`` tiles x K splits, each split's rounded activations in shared memory (``smem_for(steps)``; a
     very long K takes more splits, each rounding less)."""
@@ -113,7 +113,7 @@ def few_token_plan(source: str, name: str, smem_for, r: mma.MmaWeights, device: 
     while smem_for(per) > limit and per > 1:
         per, splits = split_steps(r.k_steps, 2 * splits)
     smem = smem_for(per)
-    kern = nvrtc.load(source, name, options, smem=smem)
+    kern = nvrtc.load(source, name, smem=smem)
     return mma.Plan(kern, -(-r.row_tiles // block_tiles), per, splits, 1, warps, smem)
 
 
@@ -123,15 +123,14 @@ def linear(x: torch.Tensor, r: mma.MmaWeights, config: GemvConfig | None = None)
     return mma.run(plan(x.shape[0], r, config, x.device), x, r)
 
 
-def plan(m: int, r: mma.MmaWeights, config: GemvConfig | None, device: torch.device, l2: bool = False) -> mma.Plan:
-    """How the GEMV runs M rows of a layer shaped like ``r`` (``config``, else the heuristic's; ``l2``: the build
-    that prefetches)."""
+def plan(m: int, r: mma.MmaWeights, config: GemvConfig | None, device: torch.device) -> mma.Plan:
+    """How the GEMV runs M rows of a layer shaped like ``r`` (``config``, else the heuristic's)."""
     from trit.kernels.triton.device import sm_count
 
     mg = token_slots(m)
     cfg = config or heuristic(m, r.row_tiles, r.k_steps, sm_count())
     return few_token_plan(source(), kernel_name(mg, cfg, r.group_size), lambda per: smem_bytes(mg, per, r.group_size),
-                          r, device, cfg.splits, cfg.warps * cfg.rt, cfg.warps, mma.prefetch.OPTIONS if l2 else ())
+                          r, device, cfg.splits, cfg.warps * cfg.rt, cfg.warps)
 
 
 DEQUANT_SIGNATURE = "PPPiiiii"  # trit_dequant's parameters: wq, sc, out, N, K, KS, GP, GS

@@ -111,9 +111,8 @@ def linear(x: torch.Tensor, r: mma.MmaWeights, config: ImmaConfig | None = None)
     return mma.run(plan(x.shape[0], r, config, x.device), x, r)
 
 
-def plan(m: int, r: mma.MmaWeights, config: ImmaConfig | None, device: torch.device, l2: bool = False) -> mma.Plan:
-    """How the int8 GEMV runs M rows of a layer shaped like ``r`` (``config``, else the heuristic's; ``l2``: the
-    build that prefetches)."""
+def plan(m: int, r: mma.MmaWeights, config: ImmaConfig | None, device: torch.device) -> mma.Plan:
+    """How the int8 GEMV runs M rows of a layer shaped like ``r`` (``config``, else the heuristic's)."""
     from trit.kernels.triton.device import sm_count
 
     tt = token_tiles(m)
@@ -121,7 +120,7 @@ def plan(m: int, r: mma.MmaWeights, config: ImmaConfig | None, device: torch.dev
     cfg = fit_shared_memory(tt, cfg, r.group_size, min(gemv.MAX_SMEM, mma.max_smem(device) - 1024))
     return gemv.few_token_plan(source(), kernel_name(tt, cfg, r.group_size),
                                lambda per: smem_bytes(tt, cfg, per, r.group_size), r, device, cfg.splits,
-                               cfg.warps * cfg.rt, cfg.warps, mma.prefetch.OPTIONS if l2 else ())
+                               cfg.warps * cfg.rt, cfg.warps)
 
 
 def record_offsets(tt: int) -> torch.Tensor:

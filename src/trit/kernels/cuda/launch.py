@@ -22,7 +22,7 @@ import os
 import torch
 
 from trit.kernels import tuning
-from trit.kernels.cuda import gemv, imma, mma, prefetch, wgmma
+from trit.kernels.cuda import gemv, imma, mma, wgmma
 
 log = logging.getLogger(__name__)
 
@@ -212,16 +212,15 @@ _PLANS_MAX = 4096  # problems kept (a server sees each token count up to its lar
 def _planned(name: str, plan, config_type, x: torch.Tensor, r: mma.MmaWeights, bias: torch.Tensor | None):
     x2 = _flat(x)
     mma.check_x(x2, r, name)
-    pf = prefetch.table_ptr(r.wq)  # this layer asks the L2 for the next ones: the build that does
-    key = (name, x2.shape[0], r.n, r.k, r.group_size, x2.device, tuning.generation(), pf != 0)
+    key = (name, x2.shape[0], r.n, r.k, r.group_size, x2.device, tuning.generation())
     p = _PLANS.get(key)
     if p is None:
         if len(_PLANS) >= _PLANS_MAX:
             _PLANS.clear()
         # the kernel is loaded for, and later launched on the stream of, x's GPU, whichever is current
         with torch.cuda.device(x2.device) if x2.is_cuda else contextlib.nullcontext():
-            p = _PLANS[key] = plan(x2.shape[0], r, _tuned(name, x2, r, config_type), x2.device, l2=pf != 0)
-    return _finish(mma.run(p, x2, r, pf), x, bias)
+            p = _PLANS[key] = plan(x2.shape[0], r, _tuned(name, x2, r, config_type), x2.device)
+    return _finish(mma.run(p, x2, r), x, bias)
 
 
 def run_gemv(x: torch.Tensor, r: mma.MmaWeights, bias: torch.Tensor | None) -> torch.Tensor:

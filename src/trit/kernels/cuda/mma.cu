@@ -114,8 +114,7 @@ __device__ __forceinline__ u32 splat_hi(u32 v) { return __byte_perm(v, 0, 0x3232
 template <int MT, int RT, int KI, int GS, int ST, bool FOLD, int NW>
 __global__ void __launch_bounds__(NW * 32) trit_mma(const U4* __restrict__ wq, const u32* __restrict__ sc,
                                                 const u16* __restrict__ x, u16* __restrict__ y,
-                                                float* __restrict__ ws, int* __restrict__ locks,
-                                                const unsigned long long* __restrict__ pf, int M, int N,
+                                                float* __restrict__ ws, int* __restrict__ locks, int M, int N,
                                                 int K, int KS, int GP, int chunks_per_split, int splits) {
     constexpr int KC = KI * 128;                      // inputs a chunk
     constexpr int LDS = KC + 8;                       // smem row stride (bf16): 16 bytes of padding, no bank conflicts
@@ -316,7 +315,4 @@ __global__ void __launch_bounds__(NW * 32) trit_mma(const U4* __restrict__ wq, c
                 else red_add(ws + (long)m * N + n, acc[r][tt][e]);
             }
     if (splits > 1) splitk_finish(y, ws, locks, M, N, NW * RT * 16, splits);
-#ifdef TRIT_L2_PREFETCH  // compiled in only for the layers that prefetch (prefetch.OPTIONS)
-    l2_prefetch(pf);  // after the output: the block that writes it is not held back
-#endif
 }

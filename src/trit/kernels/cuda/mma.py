@@ -33,7 +33,6 @@ from pathlib import Path
 import torch
 
 from trit import format as fmt
-from trit.kernels.cuda import prefetch
 
 SOURCE_FILE = Path(__file__).with_name("mma.cu")
 ROW_TILE = 16
@@ -308,9 +307,8 @@ def linear(x: torch.Tensor, r: MmaWeights, config: MmaConfig | None = None) -> t
     return run(plan(x.shape[0], r, config, x.device), x, r)
 
 
-def plan(m: int, r: MmaWeights, config: MmaConfig | None, device: torch.device, l2: bool = False) -> Plan:
-    """How the mma kernel runs M rows of a layer shaped like ``r`` (``config``, else the heuristic's; ``l2``: the
-    build that prefetches, :mod:`trit.kernels.cuda.prefetch`)."""
+def plan(m: int, r: MmaWeights, config: MmaConfig | None, device: torch.device) -> Plan:
+    """How the mma kernel runs M rows of a layer shaped like ``r`` (``config``, else the heuristic's)."""
     from trit.kernels.cuda import nvrtc
     from trit.kernels.triton.device import sm_count
 
@@ -318,7 +316,7 @@ def plan(m: int, r: MmaWeights, config: MmaConfig | None, device: torch.device, 
     mt = token_tiles(m, cfg.mt)
     cfg = fit_shared_memory(mt, cfg, r.group_size, max_smem(device) - 1024)
     smem = smem_bytes(mt, cfg, r.group_size)
-    kern = nvrtc.load(source(), kernel_name(mt, cfg, r.group_size), prefetch.OPTIONS if l2 else (), smem=smem)
+    kern = nvrtc.load(source(), kernel_name(mt, cfg, r.group_size), smem=smem)
     return gemm_plan(kern, r, cfg.warps, cfg.rt, cfg.ki, cfg.splits, token_slices(m, mt), smem)
 
 
@@ -345,25 +343,23 @@ class Plan:
     smem: int
 
 
-def run(p: Plan, x: torch.Tensor, r: MmaWeights, pf: int | None = None) -> torch.Tensor:
-    """``x`` (M, K) bf16, K = ``r.k`` -> (M, N) bf16 as planned (``pf``: the layer's prefetch table, where the
-    caller has looked it up; :func:`launch`). Every kernel of the layout copies ``x`` in 16-byte
+def run(p: Plan, x: torch.Tensor, r: MmaWeights) -> torch.Tensor:
+    """``x`` (M, K) bf16, K = ``r.k`` -> (M, N) bf16 as planned. Every kernel of the layout copies ``x`` in 16-byte
     pieces from its first byte (``cp.async`` or vector loads), so an ``x`` that does not start on 16 bytes (a view
     into a larger buffer) is copied first."""
     x = x.contiguous()
     if x.data_ptr() % 16:
         x = x.clone()
-    return launch(p.kern, x, r, p.blocks, p.per_split, p.splits, p.slices, p.warps, p.smem, pf)
+    return launch(p.kern, x, r, p.blocks, p.per_split, p.splits, p.slices, p.warps, p.smem)
 
 
 # the parameters every kernel of this layout takes (``trit_mma``, ``trit_wgmma``, ``trit_gemv``, ``trit_imma``):
-# wq, sc, x, y, ws, locks, the L2 prefetch table (trit.kernels.cuda.prefetch; 0: none), then M, N, K, KS, GP, the
-# steps or chunks a split, splits (nvrtc.param_layout's codes)
-SIGNATURE = "PPPPPPPiiiiiii"
+# wq, sc, x, y, ws, locks, then M, N, K, KS, GP, the steps or chunks a split, splits (nvrtc.param_layout's codes)
+SIGNATURE = "PPPPPPiiiiiii"
 
 
 def launch(kern, x: torch.Tensor, r: MmaWeights, blocks: int, per_split: int, splits: int, slices: int, warps: int,
-           smem: int, pf: int | None = None) -> torch.Tensor:
+           smem: int) -> torch.Tensor:
     """Launch any kernel of this layout (they all take the same arguments: ``trit_mma``, ``trit_wgmma``,
     ``trit_gemv``, ``trit_imma``) on contiguous bf16 ``x``: a grid of row blocks x K splits (``per_split`` steps
     or chunks each) x token slices, with the split-K workspace and its counters."""
@@ -372,6 +368,5 @@ def launch(kern, x: torch.Tensor, r: MmaWeights, blocks: int, per_split: int, sp
     ws, locks = workspace(x.device, m * r.n if splits > 1 else 0, blocks * slices)
     kern.launch((blocks, splits, slices), warps * 32, smem, SIGNATURE,
                 (r.wq.data_ptr(), r.sc.data_ptr(), x.data_ptr(), y.data_ptr(), ws.data_ptr(), locks.data_ptr(),
-                 prefetch.table_ptr(r.wq) if pf is None else pf, m, r.n, k, r.k_steps, r.scale_groups, per_split,
-                 splits))
+                 m, r.n, k, r.k_steps, r.scale_groups, per_split, splits))
     return y

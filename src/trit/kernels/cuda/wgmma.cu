@@ -41,8 +41,7 @@ __device__ __forceinline__ unsigned long long smem_desc_sw128(u32 addr) {
 template <int NTOK, int RT, int KI, int GS, int ST, int NW, int AB>
 __global__ void __launch_bounds__(NW * 32) trit_wgmma(const U4* __restrict__ wq, const u32* __restrict__ sc,
                                                   const u16* __restrict__ x, u16* __restrict__ y,
-                                                  float* __restrict__ ws, int* __restrict__ locks,
-                                                const unsigned long long* __restrict__ pf, int M, int N,
+                                                  float* __restrict__ ws, int* __restrict__ locks, int M, int N,
                                                   int K, int KS, int GP, int chunks_per_split, int splits) {
     constexpr int KC = KI * 128;                      // inputs a chunk
     constexpr int NTH = NW * 32;
@@ -189,7 +188,4 @@ __global__ void __launch_bounds__(NW * 32) trit_wgmma(const U4* __restrict__ wq,
             else red_add(ws + (long)m * N + n, acc[r][e]);
         }
     if (splits > 1) splitk_finish(y, ws, locks, M, N, NW * RT * 16, splits);
-#ifdef TRIT_L2_PREFETCH  // compiled in only for the layers that prefetch (prefetch.OPTIONS)
-    l2_prefetch(pf);  // after the output: the block that writes it is not held back
-#endif
 }

@@ -178,9 +178,8 @@ def linear(x: torch.Tensor, r: mma.MmaWeights, config: WgmmaConfig | None = None
 
 
 def plan(m: int, r: mma.MmaWeights, config: WgmmaConfig | None, device: torch.device,
-         options: tuple[str, ...] = (), l2: bool = False) -> mma.Plan:
-    """How the wgmma kernel runs M rows of a layer shaped like ``r`` (``config``, else the heuristic's; ``l2``:
-    the build that prefetches)."""
+         options: tuple[str, ...] = ()) -> mma.Plan:
+    """How the wgmma kernel runs M rows of a layer shaped like ``r`` (``config``, else the heuristic's)."""
     from trit.kernels.cuda import nvrtc
     from trit.kernels.triton.device import sm_count
 
@@ -188,6 +187,5 @@ def plan(m: int, r: mma.MmaWeights, config: WgmmaConfig | None, device: torch.de
     if not valid(cfg):
         raise ValueError(f"not a wgmma config: {cfg}")
     smem = smem_bytes(cfg, r.group_size)
-    options = (*options, *(mma.prefetch.OPTIONS if l2 else ()))
     kern = nvrtc.load(source(), kernel_name(cfg, r.group_size), options, smem=smem, arch_suffix="a")
     return mma.gemm_plan(kern, r, cfg.warps, cfg.rt, cfg.ki, cfg.splits, max(1, -(-m // cfg.ntok)), smem)
