@@ -138,7 +138,8 @@ def lookup(kernel: str, problem_key: str, config_type: type[C]) -> C | None:
     """The config kept for ``kernel`` on this problem, or ``None``: also where the entry's fields do not fit
     ``config_type`` (a cache an older version tuned), which is said once, dropped and left to the kernel's
     default. (A field that kept its name but changed its meaning is not caught.)"""
-    entry = _tables().get(kernel, {}).get(problem_key)
+    entries = _tables().get(kernel, {})
+    entry = entries.get(problem_key)
     if entry is None:
         return None
     try:
@@ -146,9 +147,8 @@ def lookup(kernel: str, problem_key: str, config_type: type[C]) -> C | None:
     except TypeError as e:
         _warn_once(f"trit: the tuned config of {kernel} for {problem_key} ({entry}) does not fit this version "
                    f"({e}); its default config is used")
-        tables = _tables()
         with _LOCK:
-            tables.get(kernel, {}).pop(problem_key, None)
+            entries.pop(problem_key, None)
         return None
 
 
