@@ -40,8 +40,9 @@ def _swizzle128(addr: torch.Tensor) -> torch.Tensor:
     return addr ^ (((addr >> 7) & 7) << 4)
 
 
-@pytest.mark.parametrize("cfg", [wgmma.WgmmaConfig(ntok, rt, ki, 1, 3, warps) for ntok in wgmma.TOKENS
-                                 for rt, ki, warps in ((1, 1, 4), (1, 1, 8), (1, 2, 8))])
+@pytest.mark.parametrize("cfg", [wgmma.WgmmaConfig(ntok, rt, ki, 1, 3, warps, ws=ws) for ntok in wgmma.TOKENS
+                                 for rt, ki, warps, ws in ((1, 1, 4, 0), (1, 1, 8, 0), (1, 2, 8, 0), (1, 1, 8, 1),
+                                                           (1, 2, 4, 1), (1, 4, 4, 1))])
 def test_the_x_copy_lands_where_the_descriptors_read(cfg: wgmma.WgmmaConfig) -> None:
     """Each k16 step's descriptor (atom kk / 64, plus 32 bytes a step inside it; 8-token groups 1024 bytes apart)
     names, through the 128-byte swizzle, the bytes the kernel's copy wrote each (token, input) to."""
@@ -84,10 +85,13 @@ def test_every_width_group_and_copy_shape_compiles_for_sm_90a() -> None:
             for ntok in wgmma.TOKENS for g in (32, 64, 128, fmt.PER_ROW)]
     cfgs += [(wgmma.WgmmaConfig(ntok, 1, ki, 1, 4, warps), 32) for ntok in (64, 256) for ki, warps in ((2, 8), (1, 4))]
     cfgs += [(wgmma.WgmmaConfig(ntok, 2 if ntok <= 128 else 1, 1, 1, 3, 8, bufs=4), 64) for ntok in wgmma.TOKENS]
+    cfgs += [(wgmma.WgmmaConfig(ntok, 2 if ntok <= 128 else 1, ki, 1, 3, warps, bufs=4, ws=1), g)
+             for ntok in wgmma.TOKENS for ki, warps, g in ((1, 8, 64), (2, 4, fmt.PER_ROW)) if ki == 1 or ntok <= 128]
     for cfg, g in cfgs:
         assert wgmma.valid(cfg), cfg
         cubin, lowered, log = nvrtc.compile_cubin(wgmma.source(), wgmma.kernel_name(cfg, g), "sm_90a")
-        assert len(cubin) > 1000 and lowered.startswith("_Z10trit_wgmma"), log
+        prefix = "_Z13trit_wgmma_ws" if cfg.ws else "_Z10trit_wgmma"
+        assert len(cubin) > 1000 and lowered.startswith(prefix), log
 
 
 def test_the_shipped_configs_are_valid_and_fit() -> None:
@@ -109,7 +113,9 @@ def _sm90() -> bool:
 CONFIGS = (None, wgmma.WgmmaConfig(16, 2, 1, 2, 4, 8), wgmma.WgmmaConfig(64, 1, 1, 1, 3, 4),
            wgmma.WgmmaConfig(128, 2, 1, 3, 5, 8), wgmma.WgmmaConfig(256, 1, 1, 1, 3, 4),
            wgmma.WgmmaConfig(128, 1, 2, 2, 3, 8), wgmma.WgmmaConfig(16, 2, 1, 2, 4, 8, bufs=4),
-           wgmma.WgmmaConfig(64, 2, 2, 1, 3, 8, bufs=4))
+           wgmma.WgmmaConfig(64, 2, 2, 1, 3, 8, bufs=4), wgmma.WgmmaConfig(128, 2, 1, 1, 4, 8, bufs=4, ws=1),
+           wgmma.WgmmaConfig(16, 1, 2, 3, 5, 4, ws=1), wgmma.WgmmaConfig(64, 1, 1, 2, 3, 8, bufs=4, ws=1),
+           wgmma.WgmmaConfig(256, 1, 1, 1, 3, 4, ws=1), wgmma.WgmmaConfig(32, 2, 4, 1, 3, 8, ws=1))
 
 
 @pytest.mark.skipif(not _sm90(), reason="needs an sm_90 GPU")

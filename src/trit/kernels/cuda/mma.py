@@ -320,13 +320,15 @@ def plan(m: int, r: MmaWeights, config: MmaConfig | None, device: torch.device) 
     return gemm_plan(kern, r, cfg.warps, cfg.rt, cfg.ki, cfg.splits, token_slices(m, mt), smem)
 
 
-def gemm_plan(kern, r: MmaWeights, warps: int, rt: int, ki: int, splits: int, slices: int, smem: int) -> Plan:
+def gemm_plan(kern, r: MmaWeights, warps: int, rt: int, ki: int, splits: int, slices: int, smem: int,
+              launch_warps: int | None = None) -> Plan:
     """A GEMM kernel of this layout (``trit_mma``, ``trit_wgmma``: the same arguments): the grid of row blocks x
-    K splits x token slices (:func:`launch`)."""
+    K splits x token slices (:func:`launch`), blocks of ``warps`` x ``rt`` row tiles, launched with
+    ``launch_warps`` warps a block (``warps`` unless the kernel has warps that own no tiles)."""
     blocks, chunks = grid(r.row_tiles, r.k_steps, warps, rt, ki)
     splits = max(1, min(splits, chunks))
     per_split = -(-chunks // splits)
-    return Plan(kern, blocks, per_split, -(-chunks // per_split), slices, warps, smem)
+    return Plan(kern, blocks, per_split, -(-chunks // per_split), slices, launch_warps or warps, smem)
 
 
 @dataclass(frozen=True)

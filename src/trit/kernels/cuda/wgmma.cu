@@ -189,3 +189,202 @@ __global__ void __launch_bounds__(NW * 32) trit_wgmma(const U4* __restrict__ wq,
         }
     if (splits > 1) splitk_finish(y, ws, locks, M, N, NW * RT * 16, splits);
 }
+
+// ---------------------------------------------------------------------------------------------------------------
+// trit_wgmma_ws: the same product, warp-specialized. Warpgroup 0 is the producer: its 128 threads copy each chunk's
+// activations, codes and scales into the ring of stages (cp.async, the same stage layout as trit_wgmma's, for NW
+// consumer warps) and signal the stage's "full" mbarrier as their copies land (cp.async.mbarrier.arrive.noinc).
+// Warpgroups 1.. are the consumers: they wait on "full", decode and issue the wgmmas as trit_wgmma does, and each
+// warp arrives on the stage's "empty" mbarrier once the wgmmas that read it have retired (after the wait of the
+// chunk after it, step AB - 1), which lets the producer refill it. No block-wide barrier in the main loop, and no
+// load instruction in the consumers'. With two consumer warpgroups, setmaxnreg moves registers from the producer to
+// the consumers (56 and 224 a thread: 128 x (56 + 2 x 224) = 384 threads x 168, the cap at entry).
+
+__device__ __forceinline__ void mbar_init(u32 bar, u32 count) {
+    asm volatile("mbarrier.init.shared::cta.b64 [%0], %1;" ::"r"(bar), "r"(count) : "memory");
+}
+__device__ __forceinline__ void mbar_arrive(u32 bar) {
+    asm volatile("mbarrier.arrive.shared::cta.b64 _, [%0];" ::"r"(bar) : "memory");
+}
+// arrives once this thread's earlier cp.async copies have landed (the count at init includes it: .noinc)
+__device__ __forceinline__ void mbar_arrive_copies(u32 bar) {
+    asm volatile("cp.async.mbarrier.arrive.noinc.shared::cta.b64 [%0];" ::"r"(bar) : "memory");
+}
+__device__ __forceinline__ void mbar_wait(u32 bar, u32 parity) {
+    asm volatile(
+        "{ .reg .pred p; WAIT: mbarrier.try_wait.parity.shared::cta.b64 p, [%0], %1; @!p bra WAIT; }" ::"r"(bar),
+        "r"(parity)
+        : "memory");
+}
+
+template <int NTOK, int RT, int KI, int GS, int ST, int NW, int AB>
+__global__ void __launch_bounds__(NW * 32 + 128, 1)
+    trit_wgmma_ws(const U4* __restrict__ wq, const u32* __restrict__ sc, const u16* __restrict__ x,
+                  u16* __restrict__ y, float* __restrict__ ws, int* __restrict__ locks, int M, int N, int K, int KS,
+                  int GP, int chunks_per_split, int splits) {
+    constexpr int KC = KI * 128;
+    constexpr int NGC = GS == 0 ? 1 : (KC / GS);
+    constexpr int WPG = GS == 0 ? 1 << 30 : GS / 32;
+    static_assert(2 * NGC <= 32, "a warp's lanes copy a tile's scales for a chunk: two 16-byte pieces a group");
+    static_assert(NW == 4 || NW == 8, "one or two consumer warpgroups");
+    constexpr int X_BYTES = NTOK * KC * 2;
+    constexpr int W_BYTES = NW * RT * KI * 512;
+    constexpr int S_BYTES = GS == 0 ? 0 : NW * RT * NGC * 32;
+    constexpr int STAGE = (X_BYTES + W_BYTES + S_BYTES + 1023) / 1024 * 1024;
+    static_assert(ST >= 3, "a stage is released in the chunk after it was read");
+    static_assert((AB == 2 || AB == 4) && (8 * KI) % AB == 0, "the buffers cycle over a chunk's k16 steps");
+    constexpr int CPR = KC / 8, RPP = 128 / CPR, XP = NTOK / RPP;  // the producer's x copy: RPP tokens a pass
+    static_assert(128 % CPR == 0 && NTOK % RPP == 0 && XP >= 1 && XP <= 32, "passes of the x copy cover NTOK");
+    extern __shared__ __align__(128) unsigned char smem[];
+    __shared__ __align__(8) unsigned long long bars[2 * ST];  // full[ST], then empty[ST]
+
+    {
+        const int m0 = blockIdx.z * NTOK;
+        x += (long)m0 * K;
+        y += (long)m0 * N;
+        ws += (long)m0 * N;
+        locks += blockIdx.z * gridDim.x;
+        M = min(M - m0, NTOK);
+    }
+    const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
+    const int NT = (N + 15) >> 4;
+    const int nchunks = (KS + KI - 1) / KI;
+    const int c0 = blockIdx.y * chunks_per_split;
+    const int c1 = min(nchunks, c0 + chunks_per_split);
+    const u32 base = (smem_addr(smem) + 1023) & ~1023u;
+    const u32 full0 = smem_addr(bars), empty0 = full0 + ST * 8;
+    if (threadIdx.x == 0)
+#pragma unroll
+        for (int st = 0; st < ST; ++st) {
+            mbar_init(full0 + st * 8, 128);
+            mbar_init(empty0 + st * 8, NW);
+        }
+    // the producer's x pieces: thread T copies piece kc = T % CPR of tokens T / CPR + p RPP; rows past M are
+    // zeroed in every stage once, here (ordinary stores: fenced for the async proxy before the barrier)
+    const int kc = threadIdx.x % CPR, n0 = threadIdx.x / CPR;
+    u32 xlive = 0;
+    if (warp < 4)
+#pragma unroll
+        for (int p = 0; p < XP; ++p) {
+            const int row = n0 + p * RPP;
+            const u32 off = (kc / 8) * NTOK * 128 + row * 128 + (((kc % 8) ^ (row & 7)) * 16);
+            if (row < M) xlive |= 1u << p;
+            else
+#pragma unroll
+                for (int st = 0; st < ST; ++st)
+                    asm volatile("st.shared.v4.u32 [%0], {%1, %1, %1, %1};" ::"r"(base + st * STAGE + off), "r"(0u));
+        }
+    fence_proxy_async();
+    __syncthreads();
+
+    if (warp < 4) {  // producer
+        if constexpr (NW == 8) asm volatile("setmaxnreg.dec.sync.aligned.u32 56;");
+        const u16* xsrc = x + (long)n0 * K + kc * 8 + (long)c0 * KC;
+        int xk = c0 * KC + kc * 8;
+        for (int c = c0; c < c1; ++c) {
+            const int s = c - c0, st = s % ST;
+            if (s >= ST) mbar_wait(empty0 + st * 8, (s / ST - 1) & 1);
+            const u32 sb = base + st * STAGE;
+            const int xbytes = xk < K ? 16 : 0;
+#pragma unroll
+            for (int p = 0; p < XP; ++p)
+                if (xlive & (1u << p)) {
+                    const int row = n0 + p * RPP;
+                    cp_async16(sb + (kc / 8) * NTOK * 128 + row * 128 + (((kc % 8) ^ (row & 7)) * 16),
+                               xbytes ? xsrc + (long)p * RPP * K : x, xbytes);
+                }
+            xsrc += KC;
+            xk += KC;
+            const int step = c * KI;
+            const bool full = step + KI <= KS;
+#pragma unroll
+            for (int j = 0; j < NW / 4; ++j) {  // consumer warp wc = warp + 4 j: its RT tiles' codes and scales
+                const int wc = warp + 4 * j;
+#pragma unroll
+                for (int r = 0; r < RT; ++r) {
+                    const int tile = (blockIdx.x * NW + wc) * RT + r;
+                    if (tile >= NT) continue;
+                    const U4* wsrc = wq + ((long)tile * KS + step) * 32 + lane;
+#pragma unroll
+                    for (int i = 0; i < KI; ++i)
+                        if (full || step + i < KS)
+                            cp_async16(sb + X_BYTES + (((wc * RT + r) * KI + i) * 32 + lane) * 16, wsrc + i * 32, 16);
+                    if (GS != 0 && lane < 2 * NGC && (full || c * NGC + (lane >> 1) < GP))
+                        cp_async16(sb + X_BYTES + W_BYTES + ((wc * RT + r) * NGC * 8 + lane * 4) * 4,
+                                   sc + ((long)tile * GP + (long)c * NGC) * 8 + (lane & 1) * 4 + (lane >> 1) * 8, 16);
+                }
+            }
+            mbar_arrive_copies(full0 + st * 8);
+        }
+        cp_async_wait<0>();
+        if (splits > 1) splitk_finish(y, ws, locks, M, N, NW * RT * 16, splits);
+    } else {  // consumers
+        if constexpr (NW == 8) asm volatile("setmaxnreg.inc.sync.aligned.u32 224;");
+        const int wc = warp - 4;
+        const int g = lane >> 2, t = lane & 3;
+        const int tile0 = (blockIdx.x * NW + wc) * RT;
+        const u32 mask = 0x00030003u | (u32)(M >> 30);
+        float acc[RT][NTOK / 2];
+#pragma unroll
+        for (int r = 0; r < RT; ++r)
+#pragma unroll
+            for (int e = 0; e < NTOK / 2; ++e) acc[r][e] = 0.f;
+        u32 row_scale[RT];
+#pragma unroll
+        for (int r = 0; r < RT; ++r)
+            row_scale[r] = (GS == 0 && tile0 + r < NT) ? ldg32(sc + (long)(tile0 + r) * GP * 8 + g) : 0u;
+        u32 a[AB][RT][4];
+        for (int c = c0; c < c1; ++c) {
+            const int s = c - c0, st = s % ST;
+            mbar_wait(full0 + st * 8, (s / ST) & 1);
+            fence_proxy_async();
+            const u32 sb = base + st * STAGE;
+#pragma unroll
+            for (int i = 0; i < KI; ++i) {
+                if (c * KI + i >= KS) break;
+                U4 wv[RT];
+#pragma unroll
+                for (int r = 0; r < RT; ++r) wv[r] = lds128(sb + X_BYTES + (((wc * RT + r) * KI + i) * 32 + lane) * 16);
+#pragma unroll
+                for (int j = 0; j < 4; ++j) {
+                    const int word = i * 4 + j;
+                    u32 sw[RT];
+#pragma unroll
+                    for (int r = 0; r < RT; ++r)
+                        sw[r] = GS == 0 ? row_scale[r]
+                                        : lds32(sb + X_BYTES + W_BYTES + ((wc * RT + r) * NGC * 8 + (word / WPG) * 8 + g) * 4);
+#pragma unroll
+                    for (int h = 0; h < 2; ++h) {
+                        const int q = (word * 2 + h) % AB;
+#pragma unroll
+                        for (int r = 0; r < RT; ++r) {
+                            const u32 w = j == 0 ? wv[r].x : j == 1 ? wv[r].y : j == 2 ? wv[r].z : wv[r].w;
+                            decode(w, h, splat_lo(sw[r]), splat_hi(sw[r]), mask, a[q][r]);
+                        }
+                        const int kk = i * 128 + j * 32 + h * 16;
+                        const unsigned long long d = smem_desc_sw128(sb + (kk / 64) * NTOK * 128 + (kk % 64) * 2);
+                        wgmma_fence();
+#pragma unroll
+                        for (int r = 0; r < RT; ++r) wgmma_bf16<NTOK>(acc[r], a[q][r], d);
+                        wgmma_commit();
+                        wgmma_wait<AB - 1>();
+                        // every wgmma of the chunk before has retired: its stage goes back to the producer
+                        if (word * 2 + h == AB - 1 && s > 0 && lane == 0) mbar_arrive(empty0 + ((s - 1) % ST) * 8);
+                    }
+                }
+            }
+        }
+        wgmma_wait<0>();
+#pragma unroll
+        for (int r = 0; r < RT; ++r)
+#pragma unroll
+            for (int e = 0; e < NTOK / 2; ++e) {
+                const int n = (tile0 + r) * 16 + g + ((e >> 1) & 1) * 8;
+                const int m = (e >> 2) * 8 + 2 * t + (e & 1);
+                if (n >= N || m >= M) continue;
+                if (splits == 1) y[(long)m * N + n] = f32_to_bf16(acc[r][e]);
+                else red_add(ws + (long)m * N + n, acc[r][e]);
+            }
+        if (splits > 1) splitk_finish(y, ws, locks, M, N, NW * RT * 16, splits);
+    }
+}

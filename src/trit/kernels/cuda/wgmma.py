@@ -24,6 +24,7 @@ TOKENS = (16, 32, 64, 128, 256)  # the wgmma widths a block can take (N of m64nN
 MIN_M, MAX_M = 64, 256  # without a tuned choice, it takes these M on sm_90 (the tuned tables say where else)
 TUNE_MIN_M = 16  # `trit bench kernels` times it from here to mma.TUNE_MAX_M
 SMEM_LIMIT = 220 * 1024  # dynamic shared memory a config may take (sm_90 opts in to 227 KiB a block)
+SM_SMEM = 228 * 1024  # shared memory of an SM (sm_90), of which each resident block also takes 1 KiB
 ARCH = (9, 0)  # wgmma.mma_async: sm_90a only (Blackwell has tcgen05 instead)
 
 
@@ -50,7 +51,8 @@ def source() -> str:
 class WgmmaConfig:
     """``ntok`` tokens a block, ``rt`` row tiles of 16 a warp, ``ki`` 128-input steps a chunk, ``splits`` of K,
     ``stages`` of the shared-memory ring, ``warps`` a block (a multiple of 4 ``ki``), ``bufs`` A-register
-    buffers (2 or 4: the wgmma groups in flight behind the decode)."""
+    buffers (2 or 4: the wgmma groups in flight behind the decode). ``ws`` 1: the warp-specialized kernel
+    (``trit_wgmma_ws``): ``warps`` (4 or 8) decode and multiply, and a producer warpgroup beside them copies."""
 
     ntok: int = 128
     rt: int = 1
@@ -59,22 +61,30 @@ class WgmmaConfig:
     stages: int = 3
     warps: int = 8
     bufs: int = 2
+    ws: int = 0
+
+
+def copy_threads(cfg: WgmmaConfig) -> int:
+    """Threads that copy a chunk's activations: every thread of ``trit_wgmma``, the producer's 128 of
+    ``trit_wgmma_ws``."""
+    return 128 if cfg.ws else cfg.warps * 32
 
 
 def x_stage_offsets(cfg: WgmmaConfig) -> torch.Tensor:
     """Where ``wgmma.cu``'s copy puts a chunk's activations in a stage: the byte offset of (token, input), an
     (ntok, 128 ki) int64 tensor, from the kernel's own index arithmetic (thread T copies the 16-byte piece
-    ``T % (KC / 8)`` of tokens ``T / (KC / 8) + p RPP``). The CPU tests hold it to the 128-byte swizzle that
-    the descriptors ask the tensor cores to read."""
+    ``T % (KC / 8)`` of tokens ``T / (KC / 8) + p RPP``, at piece ``(kc % 8) ^ (token % 8)`` of its atom row).
+    The CPU tests hold it to the 128-byte swizzle that the descriptors ask the tensor cores to read."""
     kc_total = cfg.ki * mma.K_STEP
-    threads, pieces = cfg.warps * 32, kc_total // 8
+    threads, pieces = copy_threads(cfg), kc_total // 8
     rows_a_pass = threads // pieces
     off = torch.full((cfg.ntok, kc_total), -1, dtype=torch.int64)
     for tid in range(threads):
         kc, n0 = tid % pieces, tid // pieces
-        x_off = (kc // 8) * cfg.ntok * 128 + n0 * 128 + ((kc % 8) ^ (n0 & 7)) * 16
         for p in range(cfg.ntok // rows_a_pass):
-            off[n0 + p * rows_a_pass, kc * 8: kc * 8 + 8] = x_off + p * rows_a_pass * 128 + 2 * torch.arange(8)
+            row = n0 + p * rows_a_pass
+            x_off = (kc // 8) * cfg.ntok * 128 + row * 128 + ((kc % 8) ^ (row & 7)) * 16
+            off[row, kc * 8: kc * 8 + 8] = x_off + 2 * torch.arange(8)
     return off
 
 
@@ -87,27 +97,44 @@ def smem_bytes(cfg: WgmmaConfig, group_size: int) -> int:
 
 def kernel_name(cfg: WgmmaConfig, group_size: int) -> str:
     gs = 0 if group_size == fmt.PER_ROW else group_size
-    return f"trit_wgmma<{cfg.ntok}, {cfg.rt}, {cfg.ki}, {gs}, {cfg.stages}, {cfg.warps}, {cfg.bufs}>"
+    return f"trit_wgmma{'_ws' if cfg.ws else ''}<{cfg.ntok}, {cfg.rt}, {cfg.ki}, {gs}, {cfg.stages}, {cfg.warps}, {cfg.bufs}>"
 
 
 def valid(cfg: WgmmaConfig) -> bool:
     """Whole warpgroups; copy passes of whole 8-token groups that cover the tokens; 3 stages or more; at most 4
     128-input steps a chunk (a warp copies the chunk's scales, 16 groups of 32 at most); accumulators that leave
     registers for the rest (rt * ntok / 2 <= 128); 2 or 4 A-register buffers: ``wgmma.cu``'s static asserts
-    and its register budget."""
-    threads = cfg.warps * 32
+    and its register budget. The warp-specialized kernel takes one or two consumer warpgroups, and its producer
+    computes each copy pass's swizzle, so a pass may hold part of an 8-token group."""
+    threads = copy_threads(cfg)
     if cfg.ntok not in TOKENS or cfg.warps % 4 or cfg.stages < 3 or cfg.rt * cfg.ntok > 256 or cfg.ki > 4 \
-            or cfg.bufs not in (2, 4):
+            or cfg.bufs not in (2, 4) or cfg.ws not in (0, 1) or (cfg.ws and cfg.warps not in (4, 8)):
         return False
-    if threads % (cfg.ki * mma.K_STEP):
+    pieces = cfg.ki * mma.K_STEP // 8
+    if threads % pieces:
         return False
-    rows_a_pass = threads // (cfg.ki * mma.K_STEP // 8)
-    return rows_a_pass % 8 == 0 and cfg.ntok % rows_a_pass == 0 and cfg.ntok // rows_a_pass <= 32
+    rows_a_pass = threads // pieces
+    return (cfg.ws or rows_a_pass % 8 == 0) and cfg.ntok % rows_a_pass == 0 and cfg.ntok // rows_a_pass <= 32
 
 
 def _stages(cfg: WgmmaConfig, group_size: int) -> int | None:
     """The most stages (up to 6) whose shared memory fits :data:`SMEM_LIMIT`, if 3 fit."""
     return next((st for st in (6, 5, 4, 3) if smem_bytes(replace(cfg, stages=st), group_size) <= SMEM_LIMIT), None)
+
+
+def _stage_options(cfg: WgmmaConfig, group_size: int) -> tuple[int, ...]:
+    """Stage counts worth timing for ``cfg``: the most that fit (:func:`_stages`), and the most that let two or
+    three blocks share an SM, where their accumulators leave registers for that many (``rt * ntok / 2`` a thread
+    plus about 48 for the rest). Fewer stages a block for more warps an SM: which wins is the timing's to say."""
+    out = []
+    for blocks in (1, 2, 3):
+        if blocks > 1 and cfg.rt * cfg.ntok // 2 + 48 > 65536 // (blocks * cfg.warps * 32):
+            break
+        limit = SMEM_LIMIT if blocks == 1 else SM_SMEM // blocks - 1024
+        st = next((st for st in (6, 5, 4, 3) if smem_bytes(replace(cfg, stages=st), group_size) <= limit), None)
+        if st is not None and st not in out:
+            out.append(st)
+    return tuple(out)
 
 
 def _token_widths(m: int) -> tuple[int, ...]:
@@ -121,16 +148,16 @@ def configs_for(m: int, r: mma.MmaWeights, sms: int) -> list[WgmmaConfig]:
     out = []
     for ntok in _token_widths(m):
         for rt in (1, 2):
-            for warps, ki in ((4, 1), (8, 1), (8, 2)):
-                cfg = WgmmaConfig(ntok, rt, ki, 1, 3, warps)
-                stages = _stages(cfg, r.group_size)
-                if stages is None or not valid(cfg):
+            for warps, ki, ws in ((4, 1, 0), (8, 1, 0), (8, 2, 0), (4, 1, 1), (8, 1, 1), (4, 2, 1), (8, 2, 1)):
+                cfg = WgmmaConfig(ntok, rt, ki, 1, 3, warps, ws=ws)
+                if not valid(cfg):
                     continue
                 blocks, chunks = mma.grid(r.row_tiles, r.k_steps, warps, rt, ki)
                 blocks *= -(-m // ntok)
                 for sk in (1, 2, 4):
                     if sk == 1 or (sk <= chunks // 2 and blocks * sk <= 4 * sms):
-                        out += [replace(cfg, splits=sk, stages=stages, bufs=b) for b in (2, 4)]
+                        out += [replace(cfg, splits=sk, stages=st, bufs=b)
+                                for st in _stage_options(cfg, r.group_size) for b in (2, 4)]
     return out
 
 
@@ -188,4 +215,5 @@ def plan(m: int, r: mma.MmaWeights, config: WgmmaConfig | None, device: torch.de
         raise ValueError(f"not a wgmma config: {cfg}")
     smem = smem_bytes(cfg, r.group_size)
     kern = nvrtc.load(source(), kernel_name(cfg, r.group_size), options, smem=smem, arch_suffix="a")
-    return mma.gemm_plan(kern, r, cfg.warps, cfg.rt, cfg.ki, cfg.splits, max(1, -(-m // cfg.ntok)), smem)
+    return mma.gemm_plan(kern, r, cfg.warps, cfg.rt, cfg.ki, cfg.splits, max(1, -(-m // cfg.ntok)), smem,
+                         launch_warps=cfg.warps + 4 * cfg.ws)
