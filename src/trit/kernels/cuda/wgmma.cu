@@ -29,13 +29,9 @@ __device__ __forceinline__ void fence_proxy_async() { asm volatile("fence.proxy.
 // 16-29: LBO / 16 (unused: a k16 step lies inside one atom), 32-45: SBO / 16 = 1024 bytes between 8-token
 // groups, 62-63: swizzle mode 1). The atoms start on 1024-byte boundaries; a step's address is its atom's
 // plus 32 bytes a k16 step within it, as the swizzle is applied to the address bits.
-// Built from its two 32-bit halves: a stage's low word once a chunk, a k16 step's one add to it (the address
-// stays below 2^18, so the sum never reaches bit 16), the high word a constant.
-__device__ __forceinline__ u32 smem_desc_lo(u32 addr) { return ((addr & 0x3FFFF) >> 4) | (1u << 16); }
-__device__ __forceinline__ unsigned long long smem_desc_sw128(u32 lo) {
-    unsigned long long d;
-    asm("mov.b64 %0, {%1, %2};" : "=l"(d) : "r"(lo), "r"((1024 >> 4) | (1u << 30)));
-    return d;
+__device__ __forceinline__ unsigned long long smem_desc_sw128(u32 addr) {
+    return (unsigned long long)((addr & 0x3FFFF) >> 4) | (1ull << 16) | ((unsigned long long)(1024 >> 4) << 32) |
+           (1ull << 62);
 }
 
 // NTOK: tokens a block (the wgmma's N: 16 to 256; blockIdx.z picks the slice of tokens); RT: 16-row tiles a
@@ -141,7 +137,7 @@ __global__ void __launch_bounds__(NW * 32) trit_wgmma(const U4* __restrict__ wq,
         if (c + ST - 2 < c1) load_stage(st_fill);
         cp_async_commit();
         st_fill = st_fill == ST - 1 ? 0 : st_fill + 1;
-        const u32 sb = base + st_use * STAGE, dlo = smem_desc_lo(sb);
+        const u32 sb = base + st_use * STAGE;
         st_use = st_use == ST - 1 ? 0 : st_use + 1;
 #pragma unroll
         for (int i = 0; i < KI; ++i) {
@@ -149,15 +145,14 @@ __global__ void __launch_bounds__(NW * 32) trit_wgmma(const U4* __restrict__ wq,
             U4 wv[RT];
 #pragma unroll
             for (int r = 0; r < RT; ++r) wv[r] = lds128(sb + X_BYTES + (((warp * RT + r) * KI + i) * 32 + lane) * 16);
-            u32 sw[RT];  // the scales, read again where a word starts a scale group
 #pragma unroll
             for (int j = 0; j < 4; ++j) {
                 const int word = i * 4 + j;
+                u32 sw[RT];
 #pragma unroll
                 for (int r = 0; r < RT; ++r)
-                    if (j == 0 || word % WPG == 0)
-                        sw[r] = GS == 0 ? row_scale[r]
-                                        : lds32(sb + X_BYTES + W_BYTES + ((warp * RT + r) * NGC * 8 + (word / WPG) * 8 + g) * 4);
+                    sw[r] = GS == 0 ? row_scale[r]
+                                    : lds32(sb + X_BYTES + W_BYTES + ((warp * RT + r) * NGC * 8 + (word / WPG) * 8 + g) * 4);
 #pragma unroll
                 for (int s = 0; s < 2; ++s) {
                     const int q = (word * 2 + s) % AB;  // this step's buffer
@@ -167,7 +162,7 @@ __global__ void __launch_bounds__(NW * 32) trit_wgmma(const U4* __restrict__ wq,
                         decode(w, s, splat_lo(sw[r]), splat_hi(sw[r]), mask, a[q][r]);
                     }
                     const int kk = i * 128 + j * 32 + s * 16;
-                    const unsigned long long d = smem_desc_sw128(dlo + (((kk / 64) * NTOK * 128 + (kk % 64) * 2) >> 4));
+                    const unsigned long long d = smem_desc_sw128(sb + (kk / 64) * NTOK * 128 + (kk % 64) * 2);
                     wgmma_fence();
 #pragma unroll
                     for (int r = 0; r < RT; ++r) wgmma_bf16<NTOK>(acc[r], a[q][r], d);
@@ -343,23 +338,21 @@ __global__ void __launch_bounds__(NW * 32 + 128, 1)
             const int s = c - c0, st = s % ST;
             mbar_wait(full0 + st * 8, (s / ST) & 1);
             fence_proxy_async();
-            const u32 sb = base + st * STAGE, dlo = smem_desc_lo(sb);
+            const u32 sb = base + st * STAGE;
 #pragma unroll
             for (int i = 0; i < KI; ++i) {
                 if (c * KI + i >= KS) break;
                 U4 wv[RT];
 #pragma unroll
                 for (int r = 0; r < RT; ++r) wv[r] = lds128(sb + X_BYTES + (((wc * RT + r) * KI + i) * 32 + lane) * 16);
-                u32 sw[RT];  // the scales, read again where a word starts a scale group
 #pragma unroll
                 for (int j = 0; j < 4; ++j) {
                     const int word = i * 4 + j;
+                    u32 sw[RT];
 #pragma unroll
                     for (int r = 0; r < RT; ++r)
-                        if (j == 0 || word % WPG == 0)
-                            sw[r] = GS == 0 ? row_scale[r]
-                                            : lds32(sb + X_BYTES + W_BYTES +
-                                                    ((wc * RT + r) * NGC * 8 + (word / WPG) * 8 + g) * 4);
+                        sw[r] = GS == 0 ? row_scale[r]
+                                        : lds32(sb + X_BYTES + W_BYTES + ((wc * RT + r) * NGC * 8 + (word / WPG) * 8 + g) * 4);
 #pragma unroll
                     for (int h = 0; h < 2; ++h) {
                         const int q = (word * 2 + h) % AB;
@@ -369,8 +362,7 @@ __global__ void __launch_bounds__(NW * 32 + 128, 1)
                             decode(w, h, splat_lo(sw[r]), splat_hi(sw[r]), mask, a[q][r]);
                         }
                         const int kk = i * 128 + j * 32 + h * 16;
-                        const unsigned long long d =
-                            smem_desc_sw128(dlo + (((kk / 64) * NTOK * 128 + (kk % 64) * 2) >> 4));
+                        const unsigned long long d = smem_desc_sw128(sb + (kk / 64) * NTOK * 128 + (kk % 64) * 2);
                         wgmma_fence();
 #pragma unroll
                         for (int r = 0; r < RT; ++r) wgmma_bf16<NTOK>(acc[r], a[q][r], d);
