@@ -70,6 +70,18 @@ __device__ __forceinline__ void decode_raw(u32 w, int s, u32 mask, u32 (&a)[4]) 
 __device__ __forceinline__ u32 splat_lo(u32 v) { return __byte_perm(v, 0, 0x1010); }
 __device__ __forceinline__ u32 splat_hi(u32 v) { return __byte_perm(v, 0, 0x3232); }
 
+// This block's slice of tokens (the grid's third dimension): rows ROWS z to ROWS (z + 1) of x, y and the
+// workspace, its row blocks' counters, and M cut to the rows it holds (trit_mma, trit_wgmma, trit_wgmma_ws).
+#define TOKEN_SLICE(ROWS)                                                                                   \
+    {                                                                                                       \
+        const int m0 = blockIdx.z * (ROWS);                                                                 \
+        x += (long)m0 * K;                                                                                  \
+        y += (long)m0 * N;                                                                                  \
+        ws += (long)m0 * N;                                                                                 \
+        locks += blockIdx.z * gridDim.x;                                                                    \
+        M = min(M - m0, (ROWS));                                                                            \
+    }
+
 // The codes and scales of a warp's RT 16-row tiles go through the ring of shared-memory stages the same way in
 // trit_mma and trit_wgmma: KI 16-byte words a tile and lane, and the tile's NGC group scales (two 16-byte pieces
 // a group, from lanes 0 to 2 NGC - 1). CODE_SOURCES declares wsrc, ssrc (each live tile's sources at chunk c0)
@@ -127,14 +139,7 @@ __global__ void __launch_bounds__(NW * 32) trit_mma(const U4* __restrict__ wq, c
     constexpr int STAGE = X_BYTES + W_BYTES + S_BYTES;
     extern __shared__ __align__(16) unsigned char smem[];  // [ST][x | codes | scales]
 
-    {  // this block's slice of tokens: rows ROWS z to ROWS (z + 1) of x, y and the workspace
-        const int m0 = blockIdx.z * ROWS;
-        x += (long)m0 * K;
-        y += (long)m0 * N;
-        ws += (long)m0 * N;
-        locks += blockIdx.z * gridDim.x;
-        M = min(M - m0, ROWS);
-    }
+    TOKEN_SLICE(ROWS)
     const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
     const int g = lane >> 2, t = lane & 3;
     const int NT = (N + 15) >> 4;

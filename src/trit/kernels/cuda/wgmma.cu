@@ -34,6 +34,52 @@ __device__ __forceinline__ unsigned long long smem_desc_sw128(u32 addr) {
            (1ull << 62);
 }
 
+// A chunk's k16 steps in stage sb for the warp whose tiles are WR within the block (trit_wgmma and the consumers
+// of trit_wgmma_ws): for each 128-input step its codes, for each word its tiles' scales, for each half of a word
+// the decode into A-register buffer q and the RT wgmmas, committed as one group, then the wait that leaves AB - 1
+// groups in flight, then AFTER_WAIT (which may read ``step``, the step's index in the chunk). A macro, as
+// CODE_SOURCES in mma.cu: the kernels' SASS stays what it was when each held its own copy.
+#define WGMMA_CHUNK(WR, AFTER_WAIT)                                                                               \
+    _Pragma("unroll") for (int i = 0; i < KI; ++i) {                                                              \
+        if (c * KI + i >= KS) break;                                                                              \
+        U4 wv[RT];                                                                                                \
+        _Pragma("unroll") for (int r = 0; r < RT; ++r) wv[r] =                                                    \
+            lds128(sb + X_BYTES + ((((WR) * RT + r) * KI + i) * 32 + lane) * 16);                                 \
+        _Pragma("unroll") for (int j = 0; j < 4; ++j) {                                                           \
+            const int word = i * 4 + j;                                                                           \
+            u32 sw[RT];                                                                                           \
+            _Pragma("unroll") for (int r = 0; r < RT; ++r) sw[r] =                                                \
+                GS == 0 ? row_scale[r]                                                                            \
+                        : lds32(sb + X_BYTES + W_BYTES + (((WR) * RT + r) * NGC * 8 + (word / WPG) * 8 + g) * 4); \
+            _Pragma("unroll") for (int h = 0; h < 2; ++h) {                                                       \
+                const int step = word * 2 + h, q = step % AB; /* this step's buffer */                            \
+                _Pragma("unroll") for (int r = 0; r < RT; ++r) {                                                  \
+                    const u32 w = j == 0 ? wv[r].x : j == 1 ? wv[r].y : j == 2 ? wv[r].z : wv[r].w;              \
+                    decode(w, h, splat_lo(sw[r]), splat_hi(sw[r]), mask, a[q][r]);                                \
+                }                                                                                                 \
+                const int kk = i * 128 + j * 32 + h * 16;                                                         \
+                const unsigned long long d = smem_desc_sw128(sb + (kk / 64) * NTOK * 128 + (kk % 64) * 2);        \
+                wgmma_fence();                                                                                    \
+                _Pragma("unroll") for (int r = 0; r < RT; ++r) wgmma_bf16<NTOK>(acc[r], a[q][r], d);              \
+                wgmma_commit();                                                                                   \
+                wgmma_wait<AB - 1>();                                                                             \
+                AFTER_WAIT                                                                                        \
+            }                                                                                                     \
+        }                                                                                                         \
+    }
+
+// The accumulators out: accumulator e of a thread is token tile e / 4, as an m16n8 C fragment: row g (+ 8 for
+// e % 4 >= 2), tokens 2t and 2t + 1; bf16 into y, or added into the split-K workspace.
+#define WGMMA_STORE                                                                                               \
+    _Pragma("unroll") for (int r = 0; r < RT; ++r)                                                                \
+        _Pragma("unroll") for (int e = 0; e < NTOK / 2; ++e) {                                                    \
+            const int n = (tile0 + r) * 16 + g + ((e >> 1) & 1) * 8;                                              \
+            const int m = (e >> 2) * 8 + 2 * t + (e & 1);                                                         \
+            if (n >= N || m >= M) continue;                                                                       \
+            if (splits == 1) y[(long)m * N + n] = f32_to_bf16(acc[r][e]);                                         \
+            else red_add(ws + (long)m * N + n, acc[r][e]);                                                        \
+        }
+
 // NTOK: tokens a block (the wgmma's N: 16 to 256; blockIdx.z picks the slice of tokens); RT: 16-row tiles a
 // warp (RT wgmmas a k16 step); KI: 128-input steps a chunk; GS: inputs a scale (0: one a row); ST: pipeline
 // stages (3 or more); NW: warps a block (whole warpgroups; the x copy's passes hold whole 8-token groups);
@@ -57,14 +103,7 @@ __global__ void __launch_bounds__(NW * 32) trit_wgmma(const U4* __restrict__ wq,
     static_assert((AB == 2 || AB == 4) && (8 * KI) % AB == 0, "the buffers cycle over a chunk's k16 steps");
     extern __shared__ __align__(128) unsigned char smem[];  // [ST][x | codes | scales], from a 1024-byte boundary
 
-    {  // this block's slice of tokens
-        const int m0 = blockIdx.z * NTOK;
-        x += (long)m0 * K;
-        y += (long)m0 * N;
-        ws += (long)m0 * N;
-        locks += blockIdx.z * gridDim.x;
-        M = min(M - m0, NTOK);
-    }
+    TOKEN_SLICE(NTOK)
     const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
     const int g = lane >> 2, t = lane & 3;
     const int NT = (N + 15) >> 4;
@@ -139,54 +178,12 @@ __global__ void __launch_bounds__(NW * 32) trit_wgmma(const U4* __restrict__ wq,
         st_fill = st_fill == ST - 1 ? 0 : st_fill + 1;
         const u32 sb = base + st_use * STAGE;
         st_use = st_use == ST - 1 ? 0 : st_use + 1;
-#pragma unroll
-        for (int i = 0; i < KI; ++i) {
-            if (c * KI + i >= KS) break;
-            U4 wv[RT];
-#pragma unroll
-            for (int r = 0; r < RT; ++r) wv[r] = lds128(sb + X_BYTES + (((warp * RT + r) * KI + i) * 32 + lane) * 16);
-#pragma unroll
-            for (int j = 0; j < 4; ++j) {
-                const int word = i * 4 + j;
-                u32 sw[RT];
-#pragma unroll
-                for (int r = 0; r < RT; ++r)
-                    sw[r] = GS == 0 ? row_scale[r]
-                                    : lds32(sb + X_BYTES + W_BYTES + ((warp * RT + r) * NGC * 8 + (word / WPG) * 8 + g) * 4);
-#pragma unroll
-                for (int s = 0; s < 2; ++s) {
-                    const int q = (word * 2 + s) % AB;  // this step's buffer
-#pragma unroll
-                    for (int r = 0; r < RT; ++r) {
-                        const u32 w = j == 0 ? wv[r].x : j == 1 ? wv[r].y : j == 2 ? wv[r].z : wv[r].w;
-                        decode(w, s, splat_lo(sw[r]), splat_hi(sw[r]), mask, a[q][r]);
-                    }
-                    const int kk = i * 128 + j * 32 + s * 16;
-                    const unsigned long long d = smem_desc_sw128(sb + (kk / 64) * NTOK * 128 + (kk % 64) * 2);
-                    wgmma_fence();
-#pragma unroll
-                    for (int r = 0; r < RT; ++r) wgmma_bf16<NTOK>(acc[r], a[q][r], d);
-                    wgmma_commit();
-                    wgmma_wait<AB - 1>();
-                }
-            }
-        }
+        WGMMA_CHUNK(warp, )
     }
     wgmma_wait<0>();
     cp_async_wait<0>();
 
-    // accumulator e of a thread: token tile e / 4, as an m16n8 C fragment: row g (+ 8 for e % 4 >= 2),
-    // tokens 2t and 2t + 1
-#pragma unroll
-    for (int r = 0; r < RT; ++r)
-#pragma unroll
-        for (int e = 0; e < NTOK / 2; ++e) {
-            const int n = (tile0 + r) * 16 + g + ((e >> 1) & 1) * 8;
-            const int m = (e >> 2) * 8 + 2 * t + (e & 1);
-            if (n >= N || m >= M) continue;
-            if (splits == 1) y[(long)m * N + n] = f32_to_bf16(acc[r][e]);
-            else red_add(ws + (long)m * N + n, acc[r][e]);
-        }
+    WGMMA_STORE
     if (splits > 1) splitk_finish(y, ws, locks, M, N, NW * RT * 16, splits);
 }
 
@@ -238,14 +235,7 @@ __global__ void __launch_bounds__(NW * 32 + 128, 1)
     extern __shared__ __align__(128) unsigned char smem[];
     __shared__ __align__(8) unsigned long long bars[2 * ST];  // full[ST], then empty[ST]
 
-    {
-        const int m0 = blockIdx.z * NTOK;
-        x += (long)m0 * K;
-        y += (long)m0 * N;
-        ws += (long)m0 * N;
-        locks += blockIdx.z * gridDim.x;
-        M = min(M - m0, NTOK);
-    }
+    TOKEN_SLICE(NTOK)
     const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
     const int NT = (N + 15) >> 4;
     const int nchunks = (KS + KI - 1) / KI;
@@ -339,52 +329,12 @@ __global__ void __launch_bounds__(NW * 32 + 128, 1)
             mbar_wait(full0 + st * 8, (s / ST) & 1);
             fence_proxy_async();
             const u32 sb = base + st * STAGE;
-#pragma unroll
-            for (int i = 0; i < KI; ++i) {
-                if (c * KI + i >= KS) break;
-                U4 wv[RT];
-#pragma unroll
-                for (int r = 0; r < RT; ++r) wv[r] = lds128(sb + X_BYTES + (((wc * RT + r) * KI + i) * 32 + lane) * 16);
-#pragma unroll
-                for (int j = 0; j < 4; ++j) {
-                    const int word = i * 4 + j;
-                    u32 sw[RT];
-#pragma unroll
-                    for (int r = 0; r < RT; ++r)
-                        sw[r] = GS == 0 ? row_scale[r]
-                                        : lds32(sb + X_BYTES + W_BYTES + ((wc * RT + r) * NGC * 8 + (word / WPG) * 8 + g) * 4);
-#pragma unroll
-                    for (int h = 0; h < 2; ++h) {
-                        const int q = (word * 2 + h) % AB;
-#pragma unroll
-                        for (int r = 0; r < RT; ++r) {
-                            const u32 w = j == 0 ? wv[r].x : j == 1 ? wv[r].y : j == 2 ? wv[r].z : wv[r].w;
-                            decode(w, h, splat_lo(sw[r]), splat_hi(sw[r]), mask, a[q][r]);
-                        }
-                        const int kk = i * 128 + j * 32 + h * 16;
-                        const unsigned long long d = smem_desc_sw128(sb + (kk / 64) * NTOK * 128 + (kk % 64) * 2);
-                        wgmma_fence();
-#pragma unroll
-                        for (int r = 0; r < RT; ++r) wgmma_bf16<NTOK>(acc[r], a[q][r], d);
-                        wgmma_commit();
-                        wgmma_wait<AB - 1>();
-                        // every wgmma of the chunk before has retired: its stage goes back to the producer
-                        if (word * 2 + h == AB - 1 && s > 0 && lane == 0) mbar_arrive(empty0 + ((s - 1) % ST) * 8);
-                    }
-                }
-            }
+            // after the wait at step AB - 1 every wgmma of the chunk before has retired: its stage goes back to
+            // the producer
+            WGMMA_CHUNK(wc, if (step == AB - 1 && s > 0 && lane == 0) mbar_arrive(empty0 + ((s - 1) % ST) * 8);)
         }
         wgmma_wait<0>();
-#pragma unroll
-        for (int r = 0; r < RT; ++r)
-#pragma unroll
-            for (int e = 0; e < NTOK / 2; ++e) {
-                const int n = (tile0 + r) * 16 + g + ((e >> 1) & 1) * 8;
-                const int m = (e >> 2) * 8 + 2 * t + (e & 1);
-                if (n >= N || m >= M) continue;
-                if (splits == 1) y[(long)m * N + n] = f32_to_bf16(acc[r][e]);
-                else red_add(ws + (long)m * N + n, acc[r][e]);
-            }
+        WGMMA_STORE
         if (splits > 1) splitk_finish(y, ws, locks, M, N, NW * RT * 16, splits);
     }
 }
