@@ -125,12 +125,17 @@ def _stages(cfg: WgmmaConfig, group_size: int) -> int | None:
 def _stage_options(cfg: WgmmaConfig, group_size: int) -> tuple[int, ...]:
     """Stage counts worth timing for ``cfg``: the most that fit (:func:`_stages`), and the most that let two or
     three blocks share an SM, where their accumulators leave registers for that many (``rt * ntok / 2`` a thread
-    plus about 48 for the rest). Fewer stages a block for more warps an SM: which wins is the timing's to say."""
+    plus about 48 for the rest, every thread of the block, the producer's too). Fewer stages a block for more
+    warps an SM: which wins is the timing's to say. The warp-specialized kernel with two consumer warpgroups
+    holds an SM's registers alone (``setmaxnreg`` shares 384 x 168 among its warpgroups), so it takes the most.
+    Each block's shared memory also holds its static part (the mbarriers, under 128 bytes) beside the ring."""
     out = []
+    threads = cfg.warps * 32 + 128 * cfg.ws
     for blocks in (1, 2, 3):
-        if blocks > 1 and cfg.rt * cfg.ntok // 2 + 48 > 65536 // (blocks * cfg.warps * 32):
+        if blocks > 1 and (cfg.ws and cfg.warps == 8
+                           or cfg.rt * cfg.ntok // 2 + 48 > 65536 // (blocks * threads)):
             break
-        limit = SMEM_LIMIT if blocks == 1 else SM_SMEM // blocks - 1024
+        limit = SMEM_LIMIT if blocks == 1 else SM_SMEM // blocks - 1024 - 128
         st = next((st for st in (6, 5, 4, 3) if smem_bytes(replace(cfg, stages=st), group_size) <= limit), None)
         if st is not None and st not in out:
             out.append(st)
