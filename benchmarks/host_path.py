@@ -123,6 +123,8 @@ def main(argv: list[str] | None = None) -> int:
     result = {
         "command": " ".join(["python", *sys.argv]),
         "device": torch.cuda.get_device_name(),
+        "gpu_uuid": str(torch.cuda.get_device_properties(0).uuid),  # which machine: runs compare within one
+        "cpu": cpu_model(),
         "versions": {"torch": torch.__version__, "python": platform.python_version()},
         "calls": args.calls, "reps": args.reps, "sleep_cycles": args.sleep_cycles,
         "rows": rows,
@@ -130,6 +132,17 @@ def main(argv: list[str] | None = None) -> int:
     args.out.parent.mkdir(parents=True, exist_ok=True)
     args.out.write_text(json.dumps(result, indent=1))
     return 0
+
+
+def cpu_model() -> str:
+    """The host CPU's model name (host time is the CPU's), from /proc/cpuinfo where there is one."""
+    try:
+        for line in Path("/proc/cpuinfo").read_text().splitlines():
+            if line.startswith("model name"):
+                return line.split(":", 1)[1].strip()
+    except OSError:
+        pass
+    return platform.processor() or "unknown"
 
 
 if __name__ == "__main__":

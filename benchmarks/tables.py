@@ -530,6 +530,18 @@ def repack() -> str:
 HOST_TREES = ["75ff107", "launch_struct", "064bdde", "6361492"]
 
 
+def _machines(trees: list[tuple[str, dict]]) -> str:
+    """Which machine ran each tree, from the GPU UUID and host CPU ``host_path.py`` records (files written before
+    it did say nothing here; ``host_path`` then names the machines in a sentence of its own)."""
+    if not all("gpu_uuid" in d for _, d in trees):
+        return ""
+    machines = list(dict.fromkeys((d["gpu_uuid"], d.get("cpu", "?")) for _, d in trees))
+    if len(machines) == 1:
+        return f", one machine ({machines[0][1]})"
+    return ", " + ", ".join(f"{t} on machine {machines.index((d['gpu_uuid'], d.get('cpu', '?'))) + 1} "
+                            f"({d.get('cpu', '?')})" for t, d in trees)
+
+
 def host_path() -> str:
     """Host time a call of the ternary ops against bf16 F.linear, the trees of a change on one kind of GPU
     (``benchmarks/host_path.py``): the files under ``host-path/`` named ``<model>_<tree>_<gpu>.json``, oldest tree
@@ -556,10 +568,12 @@ def host_path() -> str:
             bf16 = " / ".join(f"{b[key]['bf16_host_us']:.0f}" for b in by_row)
             lines.append(f"| {trees[-1][1]['device']} | {model} {key[0]} | {key[1]} | {row['kernel']} | {trit} | {bf16} | "
                          f"{row['trit_device_us']:.1f} | {row['bf16_device_us']:.1f} |")
-        notes.append(f"{trees[-1][1]['device']}: " + " / ".join(t for t, _ in trees))
+        notes.append(f"{trees[-1][1]['device']}: " + " / ".join(t for t, _ in trees) + _machines(trees))
+    recorded = all("gpu_uuid" in d for group in runs.values() for _, d in group)
     lines += ["", "Host us a call: the wall time of 50 calls issued behind a sleep kernel, median of 7 reps, each "
-              "tree's figure in the order named (" + "; ".join(notes) + "; the runs of a GPU on one machine, except "
-              "the H100's last, 6361492, on a later session's; the rows no change touched, format v1's o layer and "
+              "tree's figure in the order named (" + "; ".join(notes) + ("" if recorded else
+              "; the runs of a GPU on one machine, except the H100's last, 6361492, on a later session's") +
+              "; the rows no change touched, format v1's o layer and "
               "bf16, show how far one run of a host differs from the next)" + ("; `!`: the GPU had finished the "
               "sleep before the last call of a rep returned, so the figure may hold time spent waiting for it" if idle
               else "") + "; device us: a CUDA graph of one call, the last tree's, L2-warm. "
