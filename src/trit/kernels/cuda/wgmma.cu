@@ -34,6 +34,13 @@ __device__ __forceinline__ unsigned long long smem_desc_sw128(u32 addr) {
            (1ull << 62);
 }
 
+// Where a stage's x copy puts the 16-byte piece kc of token row: atom kc / 8 (NTOK rows of 128 bytes), piece
+// (kc % 8) ^ (row % 8) of the row, the 128-byte swizzle the descriptors read (wgmma.x_stage_offsets in Python).
+template <int NTOK>
+__device__ __forceinline__ u32 x_piece(int kc, int row) {
+    return (kc / 8) * NTOK * 128 + row * 128 + (((kc % 8) ^ (row & 7)) * 16);
+}
+
 // A chunk's k16 steps in stage sb for the warp whose tiles are WR within the block (trit_wgmma and the consumers
 // of trit_wgmma_ws): for each 128-input step its codes, for each word its tiles' scales, for each half of a word
 // the decode into A-register buffer q and the RT wgmmas, committed as one group, then the wait that leaves AB - 1
@@ -130,7 +137,7 @@ __global__ void __launch_bounds__(NW * 32) trit_wgmma(const U4* __restrict__ wq,
     constexpr int CPR = KC / 8, RPP = NTH / CPR, XP = NTOK / RPP;
     static_assert(RPP % 8 == 0 && NTOK % RPP == 0 && XP >= 1 && XP <= 32, "passes of the x copy cover NTOK");
     const int kc = threadIdx.x % CPR, n0 = threadIdx.x / CPR, kv = kc * 8;
-    const u32 x_off = (kc / 8) * NTOK * 128 + n0 * 128 + (((kc % 8) ^ (n0 & 7)) * 16);
+    const u32 x_off = x_piece<NTOK>(kc, n0);
     u32 xlive = 0;
 #pragma unroll
     for (int p = 0; p < XP; ++p) {
@@ -194,7 +201,7 @@ __global__ void __launch_bounds__(NW * 32) trit_wgmma(const U4* __restrict__ wq,
 // Warpgroups 1.. are the consumers: they wait on "full", decode and issue the wgmmas as trit_wgmma does, and each
 // warp arrives on the stage's "empty" mbarrier once the wgmmas that read it have retired (after the wait of the
 // chunk after it, step AB - 1), which lets the producer refill it. No block-wide barrier in the main loop, and no
-// load instruction in the consumers'. With two consumer warpgroups, setmaxnreg moves registers from the producer to
+// global load or copy in the consumers'. With two consumer warpgroups, setmaxnreg moves registers from the producer to
 // the consumers (56 and 224 a thread: 128 x (56 + 2 x 224) = 384 threads x 168, the cap at entry).
 
 __device__ __forceinline__ void mbar_init(u32 bar, u32 count) {
@@ -257,7 +264,7 @@ __global__ void __launch_bounds__(NW * 32 + 128, 1)
 #pragma unroll
         for (int p = 0; p < XP; ++p) {
             const int row = n0 + p * RPP;
-            const u32 off = (kc / 8) * NTOK * 128 + row * 128 + (((kc % 8) ^ (row & 7)) * 16);
+            const u32 off = x_piece<NTOK>(kc, row);
             if (row < M) xlive |= 1u << p;
             else
 #pragma unroll
@@ -280,8 +287,7 @@ __global__ void __launch_bounds__(NW * 32 + 128, 1)
             for (int p = 0; p < XP; ++p)
                 if (xlive & (1u << p)) {
                     const int row = n0 + p * RPP;
-                    cp_async16(sb + (kc / 8) * NTOK * 128 + row * 128 + (((kc % 8) ^ (row & 7)) * 16),
-                               xbytes ? xsrc + (long)p * RPP * K : x, xbytes);
+                    cp_async16(sb + x_piece<NTOK>(kc, row), xbytes ? xsrc + (long)p * RPP * K : x, xbytes);
                 }
             xsrc += KC;
             xk += KC;

@@ -64,6 +64,11 @@ class WgmmaConfig:
     ws: int = 0
 
 
+def block_warps(cfg: WgmmaConfig) -> int:
+    """Warps a block is launched with: ``warps``, and the producer warpgroup of ``trit_wgmma_ws``."""
+    return cfg.warps + 4 * cfg.ws
+
+
 def copy_threads(cfg: WgmmaConfig) -> int:
     """Threads that copy a chunk's activations: every thread of ``trit_wgmma``, the producer's 128 of
     ``trit_wgmma_ws``."""
@@ -117,9 +122,9 @@ def valid(cfg: WgmmaConfig) -> bool:
     return (cfg.ws or rows_a_pass % 8 == 0) and cfg.ntok % rows_a_pass == 0 and cfg.ntok // rows_a_pass <= 32
 
 
-def _stages(cfg: WgmmaConfig, group_size: int) -> int | None:
-    """The most stages (up to 6) whose shared memory fits :data:`SMEM_LIMIT`, if 3 fit."""
-    return next((st for st in (6, 5, 4, 3) if smem_bytes(replace(cfg, stages=st), group_size) <= SMEM_LIMIT), None)
+def _stages(cfg: WgmmaConfig, group_size: int, limit: int = SMEM_LIMIT) -> int | None:
+    """The most stages (up to 6) whose shared memory fits ``limit`` bytes, if 3 fit."""
+    return next((st for st in (6, 5, 4, 3) if smem_bytes(replace(cfg, stages=st), group_size) <= limit), None)
 
 
 def _stage_options(cfg: WgmmaConfig, group_size: int) -> tuple[int, ...]:
@@ -130,13 +135,12 @@ def _stage_options(cfg: WgmmaConfig, group_size: int) -> tuple[int, ...]:
     holds an SM's registers alone (``setmaxnreg`` shares 384 x 168 among its warpgroups), so it takes the most.
     Each block's shared memory also holds its static part (the mbarriers, under 128 bytes) beside the ring."""
     out = []
-    threads = cfg.warps * 32 + 128 * cfg.ws
+    threads = block_warps(cfg) * 32
     for blocks in (1, 2, 3):
         if blocks > 1 and (cfg.ws and cfg.warps == 8
                            or cfg.rt * cfg.ntok // 2 + 48 > 65536 // (blocks * threads)):
             break
-        limit = SMEM_LIMIT if blocks == 1 else SM_SMEM // blocks - 1024 - 128
-        st = next((st for st in (6, 5, 4, 3) if smem_bytes(replace(cfg, stages=st), group_size) <= limit), None)
+        st = _stages(cfg, group_size, SMEM_LIMIT if blocks == 1 else SM_SMEM // blocks - 1024 - 128)
         if st is not None and st not in out:
             out.append(st)
     return tuple(out)
@@ -221,4 +225,4 @@ def plan(m: int, r: mma.MmaWeights, config: WgmmaConfig | None, device: torch.de
     smem = smem_bytes(cfg, r.group_size)
     kern = nvrtc.load(source(), kernel_name(cfg, r.group_size), options, smem=smem, arch_suffix="a")
     return mma.gemm_plan(kern, r, cfg.warps, cfg.rt, cfg.ki, cfg.splits, max(1, -(-m // cfg.ntok)), smem,
-                         launch_warps=cfg.warps + 4 * cfg.ws)
+                         launch_warps=block_warps(cfg))
