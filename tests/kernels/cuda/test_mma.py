@@ -77,6 +77,40 @@ def test_the_decode_constants_are_exact() -> None:
         assert torch.tensor(_bf16(0x4300 | c), dtype=torch.bfloat16) - 129.0 == c - 1
 
 
+def _decode_registers() -> list[tuple[int, int, int, int]]:
+    """``decode``'s four registers as ``mma.cu`` writes them: (shift of v, shift of the mask, FMA multiplier,
+    FMA addend), the constants read from the source (``common.cuh``'s names resolved)."""
+    import re
+
+    names = dict(re.findall(r"#define (\w+) (0x[0-9A-Fa-f]+)u", mma.SOURCE_FILE.with_name("common.cuh").read_text()))
+    body = mma.SOURCE_FILE.read_text().split("void decode(", 1)[1].split("\n}", 1)[0]
+    regs = re.findall(r"and_or\(v(?: >> (\d+))?, mask(?: << (\d+))?, BASE\), (\w+), (\w+)\)", body)
+    assert len(regs) == 4, body
+    return [(int(a or 0), int(b or 0), int(names.get(m, m).rstrip("u"), 16), int(names.get(c, c).rstrip("u"), 16))
+            for a, b, m, c in regs]
+
+
+def test_the_decode_gives_each_code_minus_one() -> None:
+    """Every register of a word, as ``decode`` computes it (``v = w >> 8s``; ``(v >> a) & (mask << b) | BASE``, a
+    bf16 pair 128 + 4^(b/2) c; one bf16x2 FMA with the source's constants), is code - 1 exactly, for each code at
+    each position of the word (the layout's register q at bits 2q and 16 + 2q), whatever the other codes are."""
+    regs = _decode_registers()
+    gen = torch.Generator().manual_seed(0)
+    words = torch.randint(0, 3, (4096, 16), generator=gen)  # 16 codes a word, 0..2 each
+    packed = (words << (2 * torch.arange(16))).sum(1)  # code j at bits 2j (j < 8: element 0 of register j)
+    for s in (0, 1):
+        v = packed >> (8 * s)
+        for i, (shift, mshift, mul, add) in enumerate(regs):
+            q = 4 * s + i
+            t = ((v >> shift) & (0x00030003 << mshift)) | 0x43004300
+            for half in (0, 1):
+                bits = (t >> (16 * half)) & 0xFFFF
+                value = (bits.to(torch.int32) << 16).view(torch.float32)  # the bf16 pair's half, exactly
+                got = value * _bf16(mul & 0xFFFF) + _bf16(add & 0xFFFF)  # exact in float32 (small integers)
+                assert torch.equal(got, (words[:, q + 8 * half] - 1).float()), (s, i, half)
+    assert {mul & 0xFFFF for _, _, mul, _ in regs} <= {0x3F80, 0x3E80, 0x3D80}  # 1, 1/4, 1/16: exact products
+
+
 def test_configs_and_shared_memory() -> None:
     assert [mma.token_tiles(m) for m in (1, 8, 9, 16, 17, 64, 65, 4096)] == [1, 1, 2, 2, 4, 8, 8, 8]
     assert [mma.token_slices(m, 8) for m in (1, 64, 65, 300)] == [1, 1, 2, 5]

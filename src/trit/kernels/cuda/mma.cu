@@ -5,8 +5,9 @@
 // MMA's A operand (m16n8k16, bf16 in, fp32 accumulate) and up to 64 tokens its
 // B operand. One 128-bit load gives a lane the codes of all its A fragments for
 // 128 inputs of a 16-row tile; a 32-bit word decodes into the eight A registers
-// of two k16 steps with a shift, a lop3, a bf16x2 FMA (code -> -1, 0, +1) and a
-// bf16x2 multiply by the group scale for each register. A chunk's activations,
+// of two k16 steps with a lop3, a bf16x2 FMA (code -> -1, 0, +1) and a bf16x2
+// multiply by the group scale for each register, and three shifts a word (decode,
+// below). A chunk's activations,
 // codes and scales go through a ring of shared-memory stages, filled by cp.async
 // several chunks ahead; the activations are read with ldmatrix.
 //
@@ -46,19 +47,34 @@ __device__ __forceinline__ void mma_bf16_first(float (&c)[4], const u32* a, u32 
         : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1), "f"(0.f));
 }
 
+// (v & m) | b in one lop3 (the compiler would split a mask it can see through into two)
+__device__ __forceinline__ u32 and_or(u32 v, u32 m, u32 b) {
+    u32 d;
+    asm("lop3.b32 %0, %1, %2, %3, 0xEA;" : "=r"(d) : "r"(v), "r"(m), "r"(b));
+    return d;
+}
+
 __device__ __forceinline__ u32 ternary(u32 w, int q, u32 s, u32 mask) {
     return fma_bf16x2(fma_bf16x2(((w >> (2 * q)) & mask) | BASE, ONE, M129), s, NEG_ZERO);
 }
 
 // One word holds the codes of the eight A registers of two k16 steps, register q in
 // bits 2q (element 0) and 16 + 2q (element 1). Registers 0 and 2 (4 and 6) hold
-// row g, 1 and 3 (5 and 7) row g + 8: s0 and s1 are their scales, both halves.
+// row g, 1 and 3 (5 and 7) row g + 8: s0 and s1 are their scales, both halves
+// (splat_lo / splat_hi of the pair: written as 16-bit movs, ptxas folds them into
+// the multiply's operand, .H0_H0 / .H1_H1, where a byte permute cost a prmt each).
 // ``mask`` is 0x00030003, held in a register (the compiler would otherwise
 // rematerialize the constant before every lop3).
 // Half s of it: the four registers of k16 step s.
 __device__ __forceinline__ void decode(u32 w, int s, u32 s0, u32 s1, u32 mask, u32 (&a)[4]) {
-#pragma unroll
-    for (int q = 0; q < 4; ++q) a[q] = ternary(w, 4 * s + q, (q & 1) ? s1 : s0, mask);
+    // registers 4s to 4s + 2 masked in place (bits 0-5 of each half of w >> 8s: the codes times 1, 4 and 16
+    // added to 128, within the bf16 mantissa), each FMA scaled back: 128 + 4^i c -> c - 1, exact; register
+    // 4s + 3 (bits 6-7 of the half, past the mantissa) shifted down
+    const u32 v = s ? w >> 8 : w;
+    a[0] = fma_bf16x2(fma_bf16x2(and_or(v, mask, BASE), ONE, M129), s0, NEG_ZERO);
+    a[1] = fma_bf16x2(fma_bf16x2(and_or(v, mask << 2, BASE), 0x3E803E80u, 0xC204C204u), s1, NEG_ZERO);
+    a[2] = fma_bf16x2(fma_bf16x2(and_or(v, mask << 4, BASE), 0x3D803D80u, 0xC110C110u), s0, NEG_ZERO);
+    a[3] = fma_bf16x2(fma_bf16x2(and_or(v >> 6, mask, BASE), ONE, M129), s1, NEG_ZERO);
 }
 
 // Without the -129 and the scale: register q is the bf16 pair 128 + c, two ops.
@@ -67,8 +83,16 @@ __device__ __forceinline__ void decode_raw(u32 w, int s, u32 mask, u32 (&a)[4]) 
     for (int q = 0; q < 4; ++q) a[q] = ((w >> (2 * (4 * s + q))) & mask) | BASE;
 }
 
-__device__ __forceinline__ u32 splat_lo(u32 v) { return __byte_perm(v, 0, 0x1010); }
-__device__ __forceinline__ u32 splat_hi(u32 v) { return __byte_perm(v, 0, 0x3232); }
+__device__ __forceinline__ u32 splat_lo(u32 v) {
+    u32 d;
+    asm("{ .reg .b16 l, h; mov.b32 {l, h}, %1; mov.b32 %0, {l, l}; }" : "=r"(d) : "r"(v));
+    return d;
+}
+__device__ __forceinline__ u32 splat_hi(u32 v) {
+    u32 d;
+    asm("{ .reg .b16 l, h; mov.b32 {l, h}, %1; mov.b32 %0, {h, h}; }" : "=r"(d) : "r"(v));
+    return d;
+}
 
 // This block's slice of tokens (the grid's third dimension): rows ROWS z to ROWS (z + 1) of x, y and the
 // workspace, its row blocks' counters, and M cut to the rows it holds (trit_mma, trit_wgmma, trit_wgmma_ws).

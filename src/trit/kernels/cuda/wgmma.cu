@@ -29,9 +29,13 @@ __device__ __forceinline__ void fence_proxy_async() { asm volatile("fence.proxy.
 // 16-29: LBO / 16 (unused: a k16 step lies inside one atom), 32-45: SBO / 16 = 1024 bytes between 8-token
 // groups, 62-63: swizzle mode 1). The atoms start on 1024-byte boundaries; a step's address is its atom's
 // plus 32 bytes a k16 step within it, as the swizzle is applied to the address bits.
-__device__ __forceinline__ unsigned long long smem_desc_sw128(u32 addr) {
-    return (unsigned long long)((addr & 0x3FFFF) >> 4) | (1ull << 16) | ((unsigned long long)(1024 >> 4) << 32) |
-           (1ull << 62);
+// Built from its two 32-bit halves: a stage's low word once a chunk, a k16 step's one add to it (the address
+// stays below 2^18, so the sum never reaches bit 16), the high word a constant.
+__device__ __forceinline__ u32 smem_desc_lo(u32 addr) { return ((addr & 0x3FFFF) >> 4) | (1u << 16); }
+__device__ __forceinline__ unsigned long long smem_desc_sw128(u32 lo) {
+    unsigned long long d;
+    asm("mov.b64 %0, {%1, %2};" : "=l"(d) : "r"(lo), "r"((1024 >> 4) | (1u << 30)));
+    return d;
 }
 
 // Where a stage's x copy puts the 16-byte piece kc of token row: atom kc / 8 (NTOK rows of 128 bytes), piece
@@ -41,7 +45,7 @@ __device__ __forceinline__ u32 x_piece(int kc, int row) {
     return (kc / 8) * NTOK * 128 + row * 128 + (((kc % 8) ^ (row & 7)) * 16);
 }
 
-// A chunk's k16 steps in stage sb for the warp whose tiles are WR within the block (trit_wgmma and the consumers
+// A chunk's k16 steps in stage sb (dlo: its descriptors' low word) for the warp whose tiles are WR within the block (trit_wgmma and the consumers
 // of trit_wgmma_ws): for each 128-input step its codes, for each word its tiles' scales, for each half of a word
 // the decode into A-register buffer q and the RT wgmmas, committed as one group, then the wait that leaves AB - 1
 // groups in flight, then AFTER_WAIT (which may read ``step``, the step's index in the chunk). A macro, as
@@ -52,10 +56,10 @@ __device__ __forceinline__ u32 x_piece(int kc, int row) {
         U4 wv[RT];                                                                                                \
         _Pragma("unroll") for (int r = 0; r < RT; ++r) wv[r] =                                                    \
             lds128(sb + X_BYTES + ((((WR) * RT + r) * KI + i) * 32 + lane) * 16);                                 \
+        u32 sw[RT]; /* the scales, read again where a word starts a scale group */                                \
         _Pragma("unroll") for (int j = 0; j < 4; ++j) {                                                           \
             const int word = i * 4 + j;                                                                           \
-            u32 sw[RT];                                                                                           \
-            _Pragma("unroll") for (int r = 0; r < RT; ++r) sw[r] =                                                \
+            _Pragma("unroll") for (int r = 0; r < RT; ++r) if (j == 0 || word % WPG == 0) sw[r] =                 \
                 GS == 0 ? row_scale[r]                                                                            \
                         : lds32(sb + X_BYTES + W_BYTES + (((WR) * RT + r) * NGC * 8 + (word / WPG) * 8 + g) * 4); \
             _Pragma("unroll") for (int h = 0; h < 2; ++h) {                                                       \
@@ -65,7 +69,8 @@ __device__ __forceinline__ u32 x_piece(int kc, int row) {
                     decode(w, h, splat_lo(sw[r]), splat_hi(sw[r]), mask, a[q][r]);                                \
                 }                                                                                                 \
                 const int kk = i * 128 + j * 32 + h * 16;                                                         \
-                const unsigned long long d = smem_desc_sw128(sb + (kk / 64) * NTOK * 128 + (kk % 64) * 2);        \
+                const unsigned long long d =                                                                      \
+                    smem_desc_sw128(dlo + (((kk / 64) * NTOK * 128 + (kk % 64) * 2) >> 4));                       \
                 wgmma_fence();                                                                                    \
                 _Pragma("unroll") for (int r = 0; r < RT; ++r) wgmma_bf16<NTOK>(acc[r], a[q][r], d);              \
                 wgmma_commit();                                                                                   \
@@ -183,7 +188,7 @@ __global__ void __launch_bounds__(NW * 32) trit_wgmma(const U4* __restrict__ wq,
         if (c + ST - 2 < c1) load_stage(st_fill);
         cp_async_commit();
         st_fill = st_fill == ST - 1 ? 0 : st_fill + 1;
-        const u32 sb = base + st_use * STAGE;
+        const u32 sb = base + st_use * STAGE, dlo = smem_desc_lo(sb);
         st_use = st_use == ST - 1 ? 0 : st_use + 1;
         WGMMA_CHUNK(warp, )
     }
@@ -334,7 +339,7 @@ __global__ void __launch_bounds__(NW * 32 + 128, 1)
             const int s = c - c0, st = s % ST;
             mbar_wait(full0 + st * 8, (s / ST) & 1);
             fence_proxy_async();
-            const u32 sb = base + st * STAGE;
+            const u32 sb = base + st * STAGE, dlo = smem_desc_lo(sb);
             // after the wait at step AB - 1 every wgmma of the chunk before has retired: its stage goes back to
             // the producer
             WGMMA_CHUNK(wc, if (step == AB - 1 && s > 0 && lane == 0) mbar_arrive(empty0 + ((s - 1) % ST) * 8);)
