@@ -317,8 +317,7 @@ __global__ void __launch_bounds__(NW * 32 + 128, 1)
             }
             mbar_arrive_copies(full0 + st * 8);
         }
-        cp_async_wait<0>();
-        if (splits > 1) splitk_finish(y, ws, locks, M, N, NW * RT * 16, splits);
+        // no wait for the copies: each lands before its "full" phase completes, which the consumers wait for
     } else {  // consumers
         if constexpr (NW == 8) asm volatile("setmaxnreg.inc.sync.aligned.u32 224;");
         const int wc = warp - 4;
@@ -346,6 +345,7 @@ __global__ void __launch_bounds__(NW * 32 + 128, 1)
         }
         wgmma_wait<0>();
         WGMMA_STORE
-        if (splits > 1) splitk_finish(y, ws, locks, M, N, NW * RT * 16, splits);
     }
+    // split-K's finish once, after the roles' branches: its block barriers see every warp at the same place
+    if (splits > 1) splitk_finish(y, ws, locks, M, N, NW * RT * 16, splits);
 }
