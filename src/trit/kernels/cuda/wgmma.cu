@@ -45,8 +45,8 @@ __device__ __forceinline__ u32 x_piece(int kc, int row) {
     return (kc / 8) * NTOK * 128 + row * 128 + (((kc % 8) ^ (row & 7)) * 16);
 }
 
-// A chunk's k16 steps in stage sb (dlo: its descriptors' low word) for the warp whose tiles are WR within the block (trit_wgmma and the consumers
-// of trit_wgmma_ws): for each 128-input step its codes, for each word its tiles' scales, for each half of a word
+// A chunk's k16 steps in stage sb (dlo: its descriptors' low word) for the warp whose tiles are WR within the
+// block (trit_wgmma and the consumers of trit_wgmma_ws): for each 128-input step its codes, for each word its tiles' scales, for each half of a word
 // the decode into A-register buffer q and the RT wgmmas, committed as one group, then the wait that leaves AB - 1
 // groups in flight, then AFTER_WAIT (which may read ``step``, the step's index in the chunk). A macro, as
 // CODE_SOURCES in mma.cu: the kernels' SASS stays what it was when each held its own copy.
