@@ -5,7 +5,8 @@
     python benchmarks/tables.py a8        # from benchmarks/results/a8.json
     python benchmarks/tables.py ptq       # from benchmarks/results/ptq_smollm2_*.json (every run)
     python benchmarks/tables.py quality   # the headline rows of those files
-    python benchmarks/tables.py speedups  # kernels.json summed per model and M
+    python benchmarks/tables.py kernels-h100  # from benchmarks/results/kernels_h100.json
+    python benchmarks/tables.py speedups  # kernels_h100.json and kernels.json summed per model and M
     python benchmarks/tables.py mma       # from benchmarks/results/mma_h200.json (benchmarks/exp_mma.py)
     python benchmarks/tables.py layout-scales  # from benchmarks/results/layout_scales_cpu.json
     python benchmarks/tables.py lm-head   # from benchmarks/results/lm_head_cost_cpu.json (benchmarks/lm_head_cost.py)
@@ -13,6 +14,7 @@
     python benchmarks/tables.py serving   # the headline rows of benchmarks/results/decode/vllm*.json
     python benchmarks/tables.py serve     # from benchmarks/results/serve/*.json (trit bench serve)
     python benchmarks/tables.py serve-fresh  # from benchmarks/results/serve-fresh-h100/*.json (the README's)
+    python benchmarks/tables.py serve-decode  # from benchmarks/results/serve-decode-h100/*.json (the README's)
     python benchmarks/tables.py cpu       # from benchmarks/results/cpu.json (trit bench cpu)
     python benchmarks/tables.py cpu-models  # its end-to-end rows alone (the README's)
     python benchmarks/tables.py domains   # from benchmarks/results/quality_domains_*.json (quality_domains.py)
@@ -21,7 +23,7 @@
     python benchmarks/tables.py serve-budget  # from benchmarks/results/serve-budget/*.json (a small card's budget)
     python benchmarks/tables.py serve-h100  # from benchmarks/results/serve-h100/*.json (the same runs on an H100)
     python benchmarks/tables.py plan-vllm  # trit plan against the peaks of those runs' trit servers
-    python benchmarks/tables.py serve-plot  # serve.png beside the runs of serve/ and serve-fresh-h100/
+    python benchmarks/tables.py serve-plot  # serve.png beside the runs of serve/, serve-fresh-h100/, serve-decode-h100/
     python benchmarks/tables.py --write   # every marked block of README.md and docs/*.md, in place
 
 A marked block is ``<!-- table:NAME -->`` ... ``<!-- /table:NAME -->``; ``--write`` replaces what lies between
@@ -43,10 +45,13 @@ SRC = Path(__file__).resolve().parents[1] / "src"  # the decode tables use trit'
 # the serve runs with fresh prompts at every level and CUDA graphs up to 512 tokens, each model's two weight kinds in
 # one invocation on one H100 (the README's serve table)
 FRESH = "serve-fresh-h100"
+# Llama-3-8B served again after the shorter decode, on the table tuned in the same session (one H100)
+DECODE_SERVE = "serve-decode-h100"
 
 
-def kernels() -> str:
-    d = json.loads((RESULTS / "kernels.json").read_text())
+def kernels(name: str = "kernels.json") -> str:
+    """``trit bench kernels`` (``benchmarks/results/<name>``): every layer shape's time per M, and the sums."""
+    d = json.loads((RESULTS / name).read_text())
     ms = sorted({r["m"] for r in d["rows"]})
     v1 = any(r.get("v1_us") for r in d["rows"])
     lines = [
@@ -107,21 +112,32 @@ def mma() -> str:
     return "\n".join(lines)
 
 
+# the full kernel runs the README sums, newest first: (file, what tree it measured)
+KERNEL_RUNS = (("kernels_h100.json", "2026-12-06, with the warp-specialized wgmma kernel and the shorter decode, "
+                "the table tuned there"),
+               ("kernels.json", "2026-12-04, before both"))
+
+
 def speedups() -> str:
-    """bf16 time over trit time, summed over each model's four layer shapes, per M."""
-    d = json.loads((RESULTS / "kernels.json").read_text())
-    ms = sorted({r["m"] for r in d["rows"]})
-    models = list(dict.fromkeys(r["model"] for r in d["rows"]))
-    lines = ["| model (summed over its layers) | " + " | ".join(f"M={m}" for m in ms) + " |", "|---|" + "---|" * len(ms)]
+    """bf16 time over trit time, summed over each model's four layer shapes, per M, for each full kernel run."""
+    runs = [(name, when, json.loads((RESULTS / name).read_text())) for name, when in KERNEL_RUNS]
+    ms = sorted({r["m"] for _, _, d in runs for r in d["rows"]})
+    lines = ["| model (summed over its layers) | GPU | " + " | ".join(f"M={m}" for m in ms) + " |",
+             "|---|---|" + "---|" * len(ms)]
+    models = list(dict.fromkeys(r["model"] for _, _, d in runs for r in d["rows"]))
     for model in models:
-        lines.append(f"| {model} | " + " | ".join(f"x{d['summed_speedup_vs_bf16'][f'{model} M={m}']:.2f}" for m in ms)
-                     + " |")
-        sel = {m: [r for r in d["rows"] if r["model"] == model and r["m"] == m] for m in ms}
-        if all(r.get("v1_us") for rows in sel.values() for r in rows):
-            lines.append(f"| {model}, format v1 (`TRIT_LAYOUT=v1`) | " + " | ".join(
-                f"x{sum(r['bf16_us'] for r in sel[m]) / sum(r['v1_us'] for r in sel[m]):.2f}" for m in ms) + " |")
-    lines += ["", f"bf16 cuBLAS time / trit time, {d['device']}, CUDA graphs, weights rotated past the L2 "
-              "(`benchmarks/results/kernels.json`)."]
+        for _, _, d in runs:
+            gpu = d["device"].removeprefix("NVIDIA ").split()[0]
+            sums = d["summed_speedup_vs_bf16"]
+            lines.append(f"| {model} | {gpu} | " + " | ".join(
+                f"x{sums[f'{model} M={m}']:.2f}" if f"{model} M={m}" in sums else "-" for m in ms) + " |")
+            sel = {m: [r for r in d["rows"] if r["model"] == model and r["m"] == m] for m in ms}
+            if all(rows and all(r.get("v1_us") for r in rows) for rows in sel.values()):
+                lines.append(f"| {model}, format v1 (`TRIT_LAYOUT=v1`) | {gpu} | " + " | ".join(
+                    f"x{sum(r['bf16_us'] for r in sel[m]) / sum(r['v1_us'] for r in sel[m]):.2f}" for m in ms) + " |")
+    lines += ["", "bf16 cuBLAS time / trit time, each in its own run, CUDA graphs, weights rotated past the L2: "
+              + "; ".join(f"{d['device']}, `benchmarks/results/{name}` ({when})" for name, when, d in runs)
+              + ". Each card against its own bf16: an H100's slower memory slows bf16 more than trit below 64 rows."]
     return "\n".join(lines)
 
 
@@ -680,13 +696,13 @@ def plan_vllm() -> str:
 
 
 def serve_plot() -> str:
-    """One plot of each serve table's runs (``serve/``, ``serve-fresh-h100/``): throughput and TPOT against
+    """One plot of each serve table's runs (``serve/``, ``serve-fresh-h100/``, ``serve-decode-h100/``): throughput and TPOT against
     concurrency, bf16 and trit."""
     sys.path.insert(0, str(SRC))
     from trit.bench.serve import plot
 
     wrote = []
-    for folder in ("serve", FRESH):
+    for folder in ("serve", FRESH, DECODE_SERVE):
         runs, _, by_level = _serve_runs(folder)
         # one server a model and weight kind, holding the level the table shows at each concurrency
         servers = [{"model": model, "weights": w, "levels": [levels[c][w][1] for c in sorted(levels) if w in levels[c]]}
@@ -919,7 +935,8 @@ def decode_plots() -> str:
     return "wrote " + ", ".join(str(p) for p in sorted(DECODE.glob("decode_*.png")))
 
 
-TABLES = {"kernels": kernels, "mma": mma, "speedups": speedups, "serving": serving, "serve": serve,
+TABLES = {"kernels": kernels, "kernels-h100": lambda: kernels("kernels_h100.json"),
+          "serve-decode": lambda: serve(DECODE_SERVE), "mma": mma, "speedups": speedups, "serving": serving, "serve": serve,
           "serve-fresh": lambda: serve(FRESH), "serve-profile": serve_profile, "serve-head": serve_head, "repack": repack, "host-path": host_path, "lm-head": lm_head, "lm-head-speed": lm_head_speed, "layout-scales": layout_scales, "serve-budget": serve_budget, "serve-h100": serve_h100, "plan-vllm": plan_vllm, "cpu": cpu, "cpu-models": cpu_models, "domains": domains, "domains-headline": domains_headline,
           "vllm": vllm, "a8": a8, "ptq": ptq, "quality": quality, "decode": decode, "decode-plots": decode_plots,
           "serve-plot": serve_plot}
