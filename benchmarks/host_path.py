@@ -32,6 +32,8 @@ from pathlib import Path
 
 import torch
 
+from trit.bench.host import cpu_model
+
 
 def host_us(fn, calls: int, reps: int, sleep_cycles: int) -> tuple[float, bool]:
     """Median over ``reps`` of the wall time of ``calls`` calls issued behind a sleep kernel, per call; and whether
@@ -132,17 +134,6 @@ def main(argv: list[str] | None = None) -> int:
     args.out.parent.mkdir(parents=True, exist_ok=True)
     args.out.write_text(json.dumps(result, indent=1))
     return 0
-
-
-def cpu_model() -> str:
-    """The host CPU's model name (host time is the CPU's), from /proc/cpuinfo where there is one."""
-    try:
-        for line in Path("/proc/cpuinfo").read_text().splitlines():
-            if line.startswith("model name"):
-                return line.split(":", 1)[1].strip()
-    except OSError:
-        pass
-    return platform.processor() or "unknown"
 
 
 if __name__ == "__main__":

@@ -345,6 +345,18 @@ def _serve_runs(folder: str = "serve") -> tuple[list[tuple[dict, str]], dict, di
     return runs, servers, by_level
 
 
+def _prompt_note(runs: list[dict]) -> str:
+    """A caption's note where serve runs predate the word tokenizer (their JSON names no ``tokenizer``): their
+    prompts repeated within a level (``benchmarks/prompt_repeats.py``: how many, at each concurrency)."""
+    if all("tokenizer" in run for run in runs):
+        return ""
+    d = json.loads((RESULTS / "serve_prompt_repeats_cpu.json").read_text())
+    repeats = ", ".join(f"{r['repeats']} of {r['prompts']} at {r['concurrency']}" for r in d["rows"]
+                        if r["tokenizer"] == "char")
+    return (f"; prompts from the 101-id character tokenizer, which repeat within a level ({repeats}, with "
+            "`--prompts-per-seq 2`), so vLLM's prefix cache served part of their prefill: see docs/serving.md")
+
+
 def serve(folder: str = "serve") -> str:
     """``trit bench serve`` runs under ``benchmarks/results/<folder>``: vLLM's OpenAI server under load, vLLM's own
     client, bf16 against trit."""
@@ -401,6 +413,7 @@ def serve(folder: str = "serve") -> str:
               f"tokens, {any_run['output_len']} output tokens each (`--ignore-eos`), {any_run['device']}; "
               f"`benchmarks/results/{folder}/*.json` hold the commands. `-`: not measured"
               + ("; `*`: the two weight kinds were served in separate invocations" if any_apart else "")
+              + _prompt_note([run for run, _ in runs])
               + ("; with several server starts (`--starts`), the start of median throughput, and how far the starts' "
                  "throughputs lay apart" if repeated else "") + "."]
     return "\n".join(lines)
@@ -641,7 +654,8 @@ def serve_h100() -> str:
     lines += ["", f"vLLM {first['versions'].get('vllm', '?')} OpenAI server (multiprocess engine, CUDA graphs), dummy "
               f"weights, {first['input_len']} + {first['output_len']} tokens a request, vLLM's serving client, "
               f"{first['device']}; `benchmarks/results/serve-h100/*.json` hold the commands; peak: `nvidia-smi` (`-`: "
-              "the run was cut short before it was recorded)."]
+              "the run was cut short before it was recorded)"
+              + _prompt_note([run for _, run, _, _ in _serve_levels("serve-h100")]) + "."]
     return "\n".join(lines)
 
 

@@ -48,3 +48,18 @@ def test_random_model_hands_its_dtype_to_the_repack_and_leaves_a_float_model_alo
     plain = random_model(cfg, None, "cpu", torch.float32, seed=5)
     assert calls == [torch.bfloat16]  # neither tile=False nor a float model repacks
     assert not any(isinstance(m, TritLinear) for m in plain.modules())
+
+
+def test_word_tokenizer_gives_every_id_back_and_refuses_a_vocabulary_too_small(tmp_path) -> None:
+    from transformers import AutoTokenizer
+
+    from trit.synthetic import word_tokenizer
+
+    word_tokenizer(1000).save_pretrained(tmp_path)
+    tok = AutoTokenizer.from_pretrained(tmp_path)
+    assert tok.vocab_size == 1000 and (tok.bos_token_id, tok.eos_token_id, tok.unk_token_id) == (1, 2, 0)
+    ids = [3, 4, 999, 500, 3, 17]
+    text = tok.decode(ids)
+    assert text == "t3 t4 t999 t500 t3 t17" and tok.encode(text, add_special_tokens=False) == ids
+    with pytest.raises(ValueError, match="at least 4 ids"):
+        word_tokenizer(3)

@@ -36,6 +36,26 @@ def char_tokenizer():
     return fast
 
 
+def word_tokenizer(vocab_size: int):
+    """A word-level fast tokenizer of ``vocab_size`` ids: 0-2 are <unk>, <s>, </s>, id i >= 3 the word ``t<i>``,
+    words split at whitespace and joined by spaces, so that any id sequence decodes and encodes back to itself.
+
+    For serving benchmarks on random weights: vLLM's random prompts are runs of consecutive ids, so with a vocabulary
+    of a real model's size they share no prefix, where with :func:`char_tokenizer`'s 101 ids every 98th prompt
+    is the same and vLLM's prefix cache skips its prefill."""
+    from tokenizers import Tokenizer, models, pre_tokenizers
+    from transformers import PreTrainedTokenizerFast
+
+    if vocab_size < 4:
+        raise ValueError(f"a word tokenizer needs at least 4 ids (3 special, 1 word), not {vocab_size}")
+    vocab = {"<unk>": 0, "<s>": 1, "</s>": 2, **{f"t{i}": i for i in range(3, vocab_size)}}
+    tok = Tokenizer(models.WordLevel(vocab, unk_token="<unk>"))
+    tok.pre_tokenizer = pre_tokenizers.WhitespaceSplit()
+    fast = PreTrainedTokenizerFast(tokenizer_object=tok, unk_token="<unk>", bos_token="<s>", eos_token="</s>")
+    fast.chat_template = CHAT_TEMPLATE
+    return fast
+
+
 def make_checkpoint(
     folder: str | Path,
     model_type: str = "llama",

