@@ -43,7 +43,7 @@ for layer, (n, k) in shapes.items():
         row["bf16_us"] = tuning.graph_time_us([lambda w=w, x=x: torch.nn.functional.linear(x, w) for w in ws])
         del ws
         rows.append(row)
-        json.dump({"command": "python .device-data/s/exp_ws.py " + " ".join(f"--{k} {v}" for k, v in vars(args).items()),
+        json.dump({"command": "python benchmarks/exp_wgmma_ws.py " + " ".join(f"--{k} {v}" for k, v in vars(args).items()),
                    "device": torch.cuda.get_device_name(), "rows": rows}, open(args.out, "w"), indent=1)
         print(f"{layer:8s} M={m:4d} shipped {row['shipped_us']:7.1f}  plain {row['plain']['us']:7.1f} "
               f"{row['plain']['config']}  ws {row['ws']['us']:7.1f} {row['ws']['config']}  bf16 {row['bf16_us']:7.1f}"
