@@ -40,9 +40,10 @@ def word_tokenizer(vocab_size: int):
     """A word-level fast tokenizer of ``vocab_size`` ids: 0-2 are <unk>, <s>, </s>, id i >= 3 the word ``t<i>``,
     words split at whitespace and joined by spaces, so that any id sequence decodes and encodes back to itself.
 
-    For serving benchmarks on random weights: vLLM's random prompts are runs of consecutive ids, so with a vocabulary
-    of a real model's size they share no prefix, where with :func:`char_tokenizer`'s 101 ids every 98th prompt
-    is the same and vLLM's prefix cache skips its prefill."""
+    For serving benchmarks on random weights: vLLM's random prompts are runs of consecutive ids from a random start,
+    so two are the same prompt when their starts agree modulo the word ids. With a real model's vocabulary that is
+    rare (2 of the 704 prompts of ``trit bench serve``'s five levels at ``--prompts-per-seq 2`` on Llama-3-8B's);
+    with :func:`char_tokenizer`'s 98 word ids most prompts repeat and vLLM's prefix cache skips their prefill."""
     from tokenizers import Tokenizer, models, pre_tokenizers
     from transformers import PreTrainedTokenizerFast
 

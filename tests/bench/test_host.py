@@ -26,3 +26,9 @@ def test_the_gpu_uuid_is_asked_of_nvidia_smi_for_the_first_visible_gpu(monkeypat
     monkeypatch.setenv("CUDA_VISIBLE_DEVICES", "3,1")
     assert host.gpu_uuid() == "GPU-1234abcd"
     assert asked[-1][:3] == ["nvidia-smi", "-i", "3"]
+    monkeypatch.setenv("CUDA_VISIBLE_DEVICES", "")
+    assert host.gpu_uuid() is None and len(asked) == 1  # no GPU visible: not asked
+    monkeypatch.delenv("CUDA_VISIBLE_DEVICES")
+    monkeypatch.setattr(host.subprocess, "run",
+                        lambda cmd, **kw: subprocess.CompletedProcess(cmd, 6, "No devices were found\n", ""))
+    assert host.gpu_uuid() is None  # nvidia-smi's error on stdout is not a UUID

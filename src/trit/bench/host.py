@@ -22,14 +22,17 @@ def cpu_model() -> str:
 
 
 def gpu_uuid() -> str | None:
-    """nvidia-smi's UUID of the GPU a server runs on (the first of ``CUDA_VISIBLE_DEVICES``, else GPU 0); None
-    without nvidia-smi or an answer."""
-    if shutil.which("nvidia-smi") is None:
+    """nvidia-smi's UUID of the GPU a server runs on (the first of ``CUDA_VISIBLE_DEVICES`` where set, else GPU 0);
+    None without nvidia-smi, with no GPU visible (``CUDA_VISIBLE_DEVICES=""``) or without a UUID in its answer."""
+    visible = os.environ.get("CUDA_VISIBLE_DEVICES")
+    index = "0" if visible is None else visible.split(",")[0].strip()
+    if shutil.which("nvidia-smi") is None or not index:
         return None
-    index = (os.environ.get("CUDA_VISIBLE_DEVICES") or "0").split(",")[0].strip() or "0"
     try:
-        out = subprocess.run(["nvidia-smi", "-i", index, "--query-gpu=uuid", "--format=csv,noheader"],
-                             capture_output=True, text=True, timeout=10).stdout.split()
+        proc = subprocess.run(["nvidia-smi", "-i", index, "--query-gpu=uuid", "--format=csv,noheader"],
+                              capture_output=True, text=True, timeout=10)
     except (OSError, subprocess.SubprocessError):
         return None
-    return out[0] if out else None
+    out = proc.stdout.split()
+    # an error ("No devices were found") is printed to stdout too
+    return out[0] if proc.returncode == 0 and out and out[0].startswith(("GPU-", "MIG-")) else None

@@ -240,7 +240,8 @@ def run_client(url: str, folder: Path, level: Level, input_len: int, output_len:
     proc = subprocess.run(cmd, capture_output=True, text=True, timeout=timeout)
     level.seconds = time.perf_counter() - t0
     after = prefix_cache_counts(url) if before else None
-    if before and after and after[0] > before[0]:
+    # only for a level that ran, and counters that only grew (a restarted engine would start them again)
+    if proc.returncode == 0 and before and after and after[0] > before[0] and after[1] >= before[1]:
         level.prefix_cache_hit_rate = (after[1] - before[1]) / (after[0] - before[0])
     if proc.returncode != 0 or not result.is_file():
         tail = (proc.stderr or proc.stdout)[-2000:].strip()
