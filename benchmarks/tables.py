@@ -112,22 +112,22 @@ def mma() -> str:
     return "\n".join(lines)
 
 
-# the full kernel runs the README sums, newest first: (file, what tree it measured)
-KERNEL_RUNS = (("kernels_h100.json", "2026-12-06, with the warp-specialized wgmma kernel and the shorter decode, "
-                "the table tuned there"),
-               ("kernels.json", "2026-12-04, before both"))
+# the full kernel runs the README sums, newest first: (file, its row label, what tree and table it measured)
+KERNEL_RUNS = (("kernels_h100.json", "12-06", "2026-12-06, with the warp-specialized wgmma kernel and the shorter "
+                "decode, on the H100 table tuned on them in that session"),
+               ("kernels.json", "12-04", "2026-12-04, before both, on the H200 table of then"))
 
 
 def speedups() -> str:
     """bf16 time over trit time, summed over each model's four layer shapes, per M, for each full kernel run."""
-    runs = [(name, when, json.loads((RESULTS / name).read_text())) for name, when in KERNEL_RUNS]
-    ms = sorted({r["m"] for _, _, d in runs for r in d["rows"]})
-    lines = ["| model (summed over its layers) | GPU | " + " | ".join(f"M={m}" for m in ms) + " |",
+    runs = [(name, label, when, json.loads((RESULTS / name).read_text())) for name, label, when in KERNEL_RUNS]
+    ms = sorted({r["m"] for *_, d in runs for r in d["rows"]})
+    lines = ["| model (summed over its layers) | run | " + " | ".join(f"M={m}" for m in ms) + " |",
              "|---|---|" + "---|" * len(ms)]
-    models = list(dict.fromkeys(r["model"] for _, _, d in runs for r in d["rows"]))
+    models = list(dict.fromkeys(r["model"] for *_, d in runs for r in d["rows"]))
     for model in models:
-        for _, _, d in runs:
-            gpu = d["device"].removeprefix("NVIDIA ").split()[0]
+        for _, label, _, d in runs:
+            gpu = d["device"].removeprefix("NVIDIA ").split()[0] + ", " + label
             sums = d["summed_speedup_vs_bf16"]
             lines.append(f"| {model} | {gpu} | " + " | ".join(
                 f"x{sums[f'{model} M={m}']:.2f}" if f"{model} M={m}" in sums else "-" for m in ms) + " |")
@@ -135,9 +135,9 @@ def speedups() -> str:
             if all(rows and all(r.get("v1_us") for r in rows) for rows in sel.values()):
                 lines.append(f"| {model}, format v1 (`TRIT_LAYOUT=v1`) | {gpu} | " + " | ".join(
                     f"x{sum(r['bf16_us'] for r in sel[m]) / sum(r['v1_us'] for r in sel[m]):.2f}" for m in ms) + " |")
-    lines += ["", "bf16 cuBLAS time / trit time, each in its own run, CUDA graphs, weights rotated past the L2: "
-              + "; ".join(f"{d['device']}, `benchmarks/results/{name}` ({when})" for name, when, d in runs)
-              + ". Each card against its own bf16: an H100's slower memory slows bf16 more than trit below 64 rows."]
+    lines += ["", "bf16 cuBLAS time / trit time, each run against bf16 on its own card, CUDA graphs, weights rotated "
+              "past the L2: " + "; ".join(f"{d['device']}, `benchmarks/results/{name}` ({when})" for name, _, when, d in runs)
+              + ". The runs differ in card, tree and tuning at once, so their rows do not compare the cards."]
     return "\n".join(lines)
 
 
@@ -345,16 +345,24 @@ def _serve_runs(folder: str = "serve") -> tuple[list[tuple[dict, str]], dict, di
     return runs, servers, by_level
 
 
-def _prompt_note(runs: list[dict]) -> str:
-    """A caption's note where serve runs predate the word tokenizer (their JSON names no ``tokenizer``): their
-    prompts repeated within a level (``benchmarks/prompt_repeats.py``: how many, at each concurrency)."""
-    if all("tokenizer" in run for run in runs):
-        return ""
+def _prompt_note(files: list[str]) -> str:
+    """A caption's note where serve runs (``files``, relative to ``benchmarks/results``) predate the word tokenizer:
+    their prompts repeated ones their server had been sent (``benchmarks/prompt_repeats.py``: the most repeated share
+    of a level's prompts, at each concurrency, over these runs)."""
     d = json.loads((RESULTS / "serve_prompt_repeats_cpu.json").read_text())
-    repeats = ", ".join(f"{r['repeats']} of {r['prompts']} at {r['concurrency']}" for r in d["rows"]
-                        if r["tokenizer"] == "char")
-    return (f"; prompts from the 101-id character tokenizer, which repeat within a level ({repeats}, with "
-            "`--prompts-per-seq 2`), so vLLM's prefix cache served part of their prefill: see docs/serving.md")
+    old = [r for r in d["runs"] if r["file"] in files]
+    if not old:
+        return ""
+    worst: dict[int, float] = {}
+    for r in old:
+        for sv in r["servers"]:
+            for lv in sv["levels"]:
+                c = lv["concurrency"]
+                worst[c] = max(worst.get(c, 0.0), lv["repeats"] / lv["prompts"])
+    shares = ", ".join(f"{worst[c]:.0%} at {c}" for c in sorted(worst))
+    return ("; prompts from the 101-id character tokenizer, which repeat ones their server was already sent (up to "
+            f"{shares}; `serve_prompt_repeats_cpu.json`), so vLLM's prefix cache served part of their prefill: see "
+            "docs/serving.md")
 
 
 def serve(folder: str = "serve") -> str:
@@ -413,7 +421,7 @@ def serve(folder: str = "serve") -> str:
               f"tokens, {any_run['output_len']} output tokens each (`--ignore-eos`), {any_run['device']}; "
               f"`benchmarks/results/{folder}/*.json` hold the commands. `-`: not measured"
               + ("; `*`: the two weight kinds were served in separate invocations" if any_apart else "")
-              + _prompt_note([run for run, _ in runs])
+              + _prompt_note([f"{folder}/{name}" for _, name in runs])
               + ("; with several server starts (`--starts`), the start of median throughput, and how far the starts' "
                  "throughputs lay apart" if repeated else "") + "."]
     return "\n".join(lines)
@@ -655,7 +663,7 @@ def serve_h100() -> str:
               f"weights, {first['input_len']} + {first['output_len']} tokens a request, vLLM's serving client, "
               f"{first['device']}; `benchmarks/results/serve-h100/*.json` hold the commands; peak: `nvidia-smi` (`-`: "
               "the run was cut short before it was recorded)"
-              + _prompt_note([run for _, run, _, _ in _serve_levels("serve-h100")]) + "."]
+              + _prompt_note([f"serve-h100/{f.name}" for f, _, _, _ in _serve_levels("serve-h100")]) + "."]
     return "\n".join(lines)
 
 
