@@ -373,10 +373,14 @@ def serve(folder: str = "serve") -> str:
 
     repeated = any(len(lv.get("starts") or []) > 1 for kinds in by_level.values() for slots in kinds.values()
                    for _, lv in slots.values())  # the starts column only where a run started a server twice
+    # the prefix cache's share of the prompt tokens, where the runs recorded it
+    hits = any(lv.get("prefix_cache_hit_rate") is not None for kinds in by_level.values()
+               for slots in kinds.values() for _, lv in slots.values())
     lines = ["| model | concurrency | output tok/s bf16 | trit | trit / bf16 | TPOT p50 ms bf16 / trit | "
-             "TPOT p99 ms bf16 / trit | TTFT p50 ms bf16 / trit | failed |" + (" server starts bf16 / trit |"
-                                                                             if repeated else ""),
-             "|---|---|---|---|---|---|---|---|---|" + ("---|" if repeated else "")]
+             "TPOT p99 ms bf16 / trit | TTFT p50 ms bf16 / trit | failed |"
+             + (" prefix-cache hits bf16 / trit |" if hits else "")
+             + (" server starts bf16 / trit |" if repeated else ""),
+             "|---|---|---|---|---|---|---|---|---|" + ("---|" if hits else "") + ("---|" if repeated else "")]
     any_apart = False  # the footnote explains only the marks the table holds
     for model in dict.fromkeys(m for m, _ in servers):
         levels = by_level[model]
@@ -397,6 +401,10 @@ def serve(folder: str = "serve") -> str:
                      if lb and lt else "-")
             failed = sum(lv["failed"] for lv in (lb, lt) if lv)
 
+            def share(lv) -> str:
+                v = (lv or {}).get("prefix_cache_hit_rate")
+                return "-" if v is None else f"{v:.0%}"
+
             def starts(lv) -> str:
                 tps = (lv or {}).get("starts") or []
                 if len(tps) < 2:
@@ -408,6 +416,7 @@ def serve(folder: str = "serve") -> str:
                          f"{num(lt, '.2f', 'tpot_ms', 'median')} | {num(lb, '.2f', 'tpot_ms', 'p99')} / "
                          f"{num(lt, '.2f', 'tpot_ms', 'p99')} | {num(lb, '.0f', 'ttft_ms', 'median')} / "
                          f"{num(lt, '.0f', 'ttft_ms', 'median')} | {failed} |"
+                         + (f" {share(lb)} / {share(lt)} |" if hits else "")
                          + (f" {starts(lb)} / {starts(lt)} |" if repeated else ""))
     lines += ["", "| model | weights GiB bf16 / trit | KV-cache tokens bf16 / trit | trit / bf16 |", "|---|---|---|---|"]
     for model in dict.fromkeys(m for m, _ in servers):
