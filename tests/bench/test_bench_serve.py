@@ -328,3 +328,24 @@ def test_the_prefix_cache_share_is_read_from_vllms_counters(tmp_path: Path, monk
     assert serve.prefix_cache_counts("http://127.0.0.1:1") is None
     monkeypatch.undo()
     assert serve.prefix_cache_counts("http://127.0.0.1:1") is None  # no server there: no figure, no error
+
+
+def test_a_shape_keeps_one_model_folder_that_each_run_writes_again_whole(tmp_path: Path, monkeypatch) -> None:
+    """vLLM keys its torch.compile cache on the model's path: the same folder for a shape and weight kind in every
+    run, rewritten file by file (renamed into place), with nothing staged left beside it."""
+    from transformers import AutoTokenizer
+
+    from trit.bench import serve
+
+    monkeypatch.setenv("TRIT_CACHE", str(tmp_path))
+    folder = serve.model_folder("tiny", "trit")
+    assert folder == serve.model_folder("tiny", "trit") == tmp_path / "serve-models" / "tiny-trit"
+    assert serve.model_folder("tiny", "bf16") != folder
+    (folder).mkdir(parents=True)
+    (folder / "config.json").write_text("{}")  # a stale file is replaced
+    serve.write_model(folder, "tiny", "trit")
+    serve.write_model(folder, "tiny", "trit")
+    cfg = json.loads((folder / "config.json").read_text())
+    assert cfg["vocab_size"] == 256 and "quantization_config" in cfg
+    assert AutoTokenizer.from_pretrained(folder).vocab_size == 256
+    assert [p.name for p in folder.parent.iterdir()] == ["tiny-trit"]

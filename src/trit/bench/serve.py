@@ -1,6 +1,8 @@
 """``trit bench serve``: vLLM's OpenAI server under load, bf16 against trit, measured with vLLM's own client.
 
-For each model shape and weight kind it writes a config folder (random weights:
+For each model shape and weight kind it writes a config folder (under
+``$TRIT_CACHE/serve-models``, the same path every run, so that vLLM's compile
+cache serves a server started again; random weights:
 ``--load-format dummy``, so nothing is read or carried; the plugin's codes load
 as valid all-zero weights, which cost the kernels the same work as real ones;
 a word tokenizer of the shape's vocabulary, so that the random prompts share no
@@ -122,16 +124,31 @@ def model_config(shape: str, weights: str) -> dict:
     return cfg
 
 
+def model_folder(shape: str, weights: str) -> Path:
+    """Where a server's model folder lives: the same path for a shape and weight kind in every run on a machine
+    (under :func:`trit.cache.cache_dir`), because vLLM keys its torch.compile cache on the model's path among the
+    rest of its config, so that a server started again (the next invocation, another ``--starts``) loads its
+    compiled graphs instead of compiling them again, as a deployed server restarted does."""
+    from trit.cache import cache_dir
+
+    return cache_dir() / "serve-models" / f"{shape}-{weights}"
+
+
 def write_model(folder: Path, shape: str, weights: str) -> Path:
     """config.json for ``shape`` (trit: with the quantization config) and a word tokenizer of the shape's vocabulary
     (:func:`trit.synthetic.word_tokenizer`), so that the client's random prompts share no prefix, as a real model's
-    tokenizer makes them."""
+    tokenizer makes them. Each file is written beside the folder and renamed into it, so that a run reading the
+    folder never sees half of one."""
     from trit.synthetic import word_tokenizer
 
     folder.mkdir(parents=True, exist_ok=True)
     cfg = model_config(shape, weights)
-    (folder / "config.json").write_text(json.dumps(cfg, indent=1))
-    word_tokenizer(cfg["vocab_size"]).save_pretrained(folder)
+    with tempfile.TemporaryDirectory(dir=folder.parent, prefix=f".{folder.name}-") as d:
+        staged = Path(d)
+        (staged / "config.json").write_text(json.dumps(cfg, indent=1))
+        word_tokenizer(cfg["vocab_size"]).save_pretrained(staged)
+        for f in staged.iterdir():
+            f.replace(folder / f.name)
     return folder
 
 
@@ -260,7 +277,7 @@ def run_server(shape: str, weights: str, args: argparse.Namespace, work: Path, s
                start: int = 0) -> Server:
     """One server's life (start number ``start`` of its model and weights): start, every concurrency level
     (``save(server)`` after each), stop."""
-    folder = write_model(work / f"{shape}-{weights}", shape, weights)
+    folder = write_model(model_folder(shape, weights), shape, weights)
     max_len, max_seqs = args.input_len + args.output_len + 64, max([*args.concurrency, args.profile])
     memory = ["--gpu-memory-utilization", str(args.gpu_memory_utilization)]
     given = server_flags(args.server_arg)
