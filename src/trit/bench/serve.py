@@ -9,8 +9,8 @@ a word tokenizer of the shape's vocabulary, so that the random prompts share no
 prefix),
 starts the server as deployed (``python -m vllm.entrypoints.openai.api_server``,
 the process ``vllm serve`` runs, multiprocess engine, CUDA graphs unless
-``--server-arg --enforce-eager``), waits for ``/health``, and for each
-concurrency runs vLLM's serving benchmark client (``vllm bench serve``'s own
+``--server-arg --enforce-eager``), waits for ``/health``, sends two warm-up
+requests (not measured), and for each concurrency runs vLLM's serving benchmark client (``vllm bench serve``'s own
 code, ``vllm.benchmarks.serve``, random dataset, ``--ignore-eos``) against it.
 Per level it records output tokens/s, TTFT, TPOT and ITL (median and p99),
 completed and failed requests, and the share of prompt tokens vLLM's prefix
