@@ -42,8 +42,8 @@ from unittest import mock
 ROOT = Path(__file__).resolve().parents[1]
 RESULTS = Path(__file__).parent / "results"
 SRC = Path(__file__).resolve().parents[1] / "src"  # the decode tables use trit's own plan and plot
-# the serve runs with fresh prompts at every level and CUDA graphs up to 512 tokens, each model's two weight kinds in
-# one invocation on one H100 (the README's serve table)
+# the serve runs with prompts of a seed of their own at every level and CUDA graphs up to 512 tokens, each model's two
+# weight kinds in one invocation on one H100 (the README's serve table)
 FRESH = "serve-fresh-h100"
 # Llama-3-8B served again after the shorter decode, on the table tuned in the same session (one H100)
 DECODE_SERVE = "serve-decode-h100"
@@ -657,8 +657,10 @@ def serve_h100() -> str:
     lines = ["| run | model | weights | concurrency | output tok/s | TPOT p50 / p99 ms | TTFT p50 ms | KV-cache tokens | "
              "peak GPU MiB | failed |", "|---|---|---|---|---|---|---|---|---|---|"]
     first = None  # the footer's versions and device: the first file's, as already read
+    files = []  # the runs, for the caption's note on their prompts
     for f, run, sv, lv in _serve_levels("serve-h100"):
         first = first or run
+        files += [] if f"serve-h100/{f.name}" in files else [f"serve-h100/{f.name}"]
         peak = f"{sv['gpu_peak_mib']:.0f}" if sv.get("gpu_peak_mib") else "-"
         layout = run.get("env", {}).get("TRIT_LAYOUT")
         weights = f"trit (`TRIT_LAYOUT={layout}`)" if layout and sv["weights"] == "trit" else sv["weights"]
@@ -672,7 +674,7 @@ def serve_h100() -> str:
               f"weights, {first['input_len']} + {first['output_len']} tokens a request, vLLM's serving client, "
               f"{first['device']}; `benchmarks/results/serve-h100/*.json` hold the commands; peak: `nvidia-smi` (`-`: "
               "the run was cut short before it was recorded)"
-              + _prompt_note([f"serve-h100/{f.name}" for f, _, _, _ in _serve_levels("serve-h100")]) + "."]
+              + _prompt_note(files) + "."]
     return "\n".join(lines)
 
 
