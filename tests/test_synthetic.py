@@ -61,5 +61,9 @@ def test_word_tokenizer_gives_every_id_back_and_refuses_a_vocabulary_too_small(t
     ids = [3, 4, 999, 500, 3, 17]
     text = tok.decode(ids)
     assert text == "t3 t4 t999 t500 t3 t17" and tok.encode(text, add_special_tokens=False) == ids
+    # each token's string holds its space: no text of n tokens is longer than n times the longest token (vLLM
+    # 0.25.1 refuses a prompt over that bound before tokenizing it)
+    longest = max(len(t) for t in tok.get_vocab())
+    assert longest == len("\u2581t999") and len(tok.decode(list(range(990, 1000)) * 3)) <= 30 * longest
     with pytest.raises(ValueError, match="at least 4 ids"):
         word_tokenizer(3)

@@ -38,20 +38,26 @@ def char_tokenizer():
 
 def word_tokenizer(vocab_size: int):
     """A word-level fast tokenizer of ``vocab_size`` ids: 0-2 are <unk>, <s>, </s>, id i >= 3 the word ``t<i>``,
-    words split at whitespace and joined by spaces, so that any id sequence decodes and encodes back to itself.
+    words joined by spaces, so that any id sequence decodes and encodes back to itself.
+
+    Each token's string holds its separating space (``▁t<i>``, as Llama's and GPT-2's tokens carry theirs), so that
+    no text of n tokens is longer than n times the longest token. vLLM 0.25.1 refuses a prompt longer than that
+    bound before it tokenizes it (its renderer's character check, over the context left after ``max_tokens``); with
+    bare words and spaces between them, prompts of 7-character words went over it.
 
     For serving benchmarks on random weights: vLLM's random prompts are runs of consecutive ids from a random start,
     so two are the same prompt when their starts agree modulo the word ids. With a real model's vocabulary that is
     rare (2 of the 704 prompts of ``trit bench serve``'s five levels at ``--prompts-per-seq 2`` on Llama-3-8B's);
     with :func:`char_tokenizer`'s 98 word ids most prompts repeat and vLLM's prefix cache skips their prefill."""
-    from tokenizers import Tokenizer, models, pre_tokenizers
+    from tokenizers import Tokenizer, decoders, models, pre_tokenizers
     from transformers import PreTrainedTokenizerFast
 
     if vocab_size < 4:
         raise ValueError(f"a word tokenizer needs at least 4 ids (3 special, 1 word), not {vocab_size}")
-    vocab = {"<unk>": 0, "<s>": 1, "</s>": 2, **{f"t{i}": i for i in range(3, vocab_size)}}
+    vocab = {"<unk>": 0, "<s>": 1, "</s>": 2, **{f"\u2581t{i}": i for i in range(3, vocab_size)}}
     tok = Tokenizer(models.WordLevel(vocab, unk_token="<unk>"))
-    tok.pre_tokenizer = pre_tokenizers.WhitespaceSplit()
+    tok.pre_tokenizer = pre_tokenizers.Metaspace(prepend_scheme="always", split=True)
+    tok.decoder = decoders.Metaspace(prepend_scheme="always", split=True)
     fast = PreTrainedTokenizerFast(tokenizer_object=tok, unk_token="<unk>", bos_token="<s>", eos_token="</s>")
     fast.chat_template = CHAT_TEMPLATE
     return fast

@@ -293,6 +293,12 @@ def test_the_random_prompts_of_a_served_shape_share_no_prefix(tmp_path: Path) ->
         tokenizer=tok, num_requests=512, input_len=512, output_len=8, range_ratio=0.0)
     assert {r.prompt_len for r in reqs} == {512}
     assert len({r.prompt for r in reqs}) >= 510  # consecutive ids from 128253 starts: a repeat is rare
+    # and none is longer in characters than vLLM's bound for its tokens (0.25.1's renderer refuses a prompt over
+    # (max_model_len - max_tokens) x the longest token before it tokenizes it; here without the harness's slack)
+    from vllm.tokenizers.hf import get_cached_tokenizer
+
+    bound = 512 * get_cached_tokenizer(tok).max_chars_per_token
+    assert max(len(r.prompt) for r in reqs) <= bound
 
 
 def test_the_prefix_cache_share_is_read_from_vllms_counters(tmp_path: Path, monkeypatch) -> None:
@@ -358,3 +364,4 @@ def test_a_shape_keeps_one_model_folder_that_each_run_writes_again_whole(tmp_pat
     assert cfg["vocab_size"] == 256 and "quantization_config" in cfg
     assert AutoTokenizer.from_pretrained(folder).vocab_size == 256
     assert [p.name for p in folder.parent.iterdir()] == ["tiny-trit"]
+
