@@ -365,3 +365,19 @@ def test_a_shape_keeps_one_model_folder_that_each_run_writes_again_whole(tmp_pat
     assert AutoTokenizer.from_pretrained(folder).vocab_size == 256
     assert [p.name for p in folder.parent.iterdir()] == ["tiny-trit"]
 
+
+def test_the_failed_requests_messages_are_kept_distinct_and_short() -> None:
+    from trit.bench.serve import client_errors
+
+    refused = ("Bad Request: This model's maximum context length is 832 tokens. However, you requested 256 output "
+               "tokens and your prompt contains 4095 characters")
+    trace = "Traceback (most recent call last):\n  File \"x.py\", line 1, in f\n" + "  frame\n" * 200 + \
+        "aiohttp.ClientConnectorError: Cannot connect"
+    stdout = ("Starting main benchmark run...\nFailed requests during benchmark run detected (capping to 10):\n"
+              f"Error 0: {refused}\nError 1: {refused}\nError 2: {trace}\n"
+              "============ Serving Benchmark Result ============\nSuccessful requests: 11\n")
+    got = client_errors(stdout)
+    assert got[0] == refused and len(got) == 2  # the repeat is kept once
+    assert got[1].startswith("...") and len(got[1]) == 603 and got[1].endswith("Cannot connect")
+    assert "Serving Benchmark Result" not in got[1]
+    assert client_errors("Successful requests: 16\n") == []

@@ -84,6 +84,24 @@ class Level:
     # the share of the level's prompt tokens vLLM's prefix cache served (its /metrics counters before and after);
     # None where the server gave no counters
     prefix_cache_hit_rate: float | None = None
+    # the failed requests' messages, as vLLM's client prints them (it prints 10 at most): the distinct ones, cut short
+    errors: list[str] = field(default_factory=list)
+
+
+_CLIENT_ERROR = re.compile(r"^Error \d+: ", re.M)
+
+
+def client_errors(stdout: str, keep: int = 3, width: int = 600) -> list[str]:
+    """The distinct messages of the failed requests vLLM's client printed (``Error i: ...``, each up to the next
+    one or the result banner, a traceback included), the first ``keep``, each cut to its last ``width``
+    characters (a traceback's end names the error)."""
+    found: list[str] = []
+    for part in _CLIENT_ERROR.split(stdout)[1:]:
+        msg = re.split(r"^=+ ", part, maxsplit=1, flags=re.M)[0].strip()
+        msg = msg if len(msg) <= width else "..." + msg[-width:]
+        if msg not in found:
+            found.append(msg)
+    return found[:keep]
 
 
 WARMUP_PROMPTS, WARMUP_OUTPUT = 2, 16  # the requests a server answers before its levels, one at a time
@@ -279,6 +297,8 @@ def run_client(url: str, folder: Path, level: Level, input_len: int, output_len:
     r = json.loads(result.read_text())
     level.completed = int(r.get("completed", 0))
     level.failed = level.prompts - level.completed
+    if level.failed:
+        level.errors = client_errors(proc.stdout) or ["the client printed no message"]
     level.output_tokens_per_s = float(r.get("output_throughput", 0.0))
     for metric, slot in (("ttft", level.ttft_ms), ("tpot", level.tpot_ms), ("itl", level.itl_ms)):
         slot.update(median=r.get(f"median_{metric}_ms"), p99=r.get(f"p99_{metric}_ms"))
@@ -394,7 +414,8 @@ def _line(s: Server, lv: Level) -> str:
     hits = "" if lv.prefix_cache_hit_rate is None else f"  prefix cache {lv.prefix_cache_hit_rate:.0%}"
     return (f"{who} c={lv.concurrency:<4} {lv.output_tokens_per_s:9.1f} out tok/s  "
             f"TTFT p50 {lv.ttft_ms.get('median') or 0:8.1f} ms  TPOT p50 {lv.tpot_ms.get('median') or 0:7.2f} / "
-            f"p99 {lv.tpot_ms.get('p99') or 0:7.2f} ms  {lv.completed}/{lv.prompts} done{hits}")
+            f"p99 {lv.tpot_ms.get('p99') or 0:7.2f} ms  {lv.completed}/{lv.prompts} done{hits}"
+            + (f"\n    failed: {lv.errors[0].splitlines()[-1] if lv.errors[0] else ''}" if lv.errors else ""))
 
 
 def _versions() -> dict:
