@@ -14,7 +14,8 @@
     python benchmarks/tables.py serving   # the headline rows of benchmarks/results/decode/vllm*.json
     python benchmarks/tables.py serve     # from benchmarks/results/serve/*.json (trit bench serve)
     python benchmarks/tables.py serve-fresh  # from benchmarks/results/serve-fresh-h100/*.json (the README's)
-    python benchmarks/tables.py serve-decode  # from benchmarks/results/serve-decode-h100/*.json (the README's)
+    python benchmarks/tables.py serve-decode  # from benchmarks/results/serve-decode-h100/*.json
+    python benchmarks/tables.py serve-distinct  # from benchmarks/results/serve-distinct-h100/*.json (the README's)
     python benchmarks/tables.py cpu       # from benchmarks/results/cpu.json (trit bench cpu)
     python benchmarks/tables.py cpu-models  # its end-to-end rows alone (the README's)
     python benchmarks/tables.py domains   # from benchmarks/results/quality_domains_*.json (quality_domains.py)
@@ -23,7 +24,7 @@
     python benchmarks/tables.py serve-budget  # from benchmarks/results/serve-budget/*.json (a small card's budget)
     python benchmarks/tables.py serve-h100  # from benchmarks/results/serve-h100/*.json (the same runs on an H100)
     python benchmarks/tables.py plan-vllm  # trit plan against the peaks of those runs' trit servers
-    python benchmarks/tables.py serve-plot  # serve.png beside the runs of serve/, serve-fresh-h100/, serve-decode-h100/
+    python benchmarks/tables.py serve-plot  # serve.png beside the runs of each serve table's folder
     python benchmarks/tables.py --write   # every marked block of README.md and docs/*.md, in place
 
 A marked block is ``<!-- table:NAME -->`` ... ``<!-- /table:NAME -->``; ``--write`` replaces what lies between
@@ -47,6 +48,8 @@ SRC = Path(__file__).resolve().parents[1] / "src"  # the decode tables use trit'
 FRESH = "serve-fresh-h100"
 # Llama-3-8B served again after the shorter decode, on the table tuned in the same session (one H100)
 DECODE_SERVE = "serve-decode-h100"
+# Llama-3-8B with the word tokenizer: prompts no server had been sent (one H100; bf16 in a second invocation)
+DISTINCT_SERVE = "serve-distinct-h100"
 
 
 def kernels(name: str = "kernels.json") -> str:
@@ -729,13 +732,14 @@ def plan_vllm() -> str:
 
 
 def serve_plot() -> str:
-    """One plot of each serve table's runs (``serve/``, ``serve-fresh-h100/``, ``serve-decode-h100/``): throughput and TPOT against
+    """One plot of each serve table's runs (``serve/``, ``serve-fresh-h100/``, ``serve-decode-h100/``,
+    ``serve-distinct-h100/``): throughput and TPOT against
     concurrency, bf16 and trit."""
     sys.path.insert(0, str(SRC))
     from trit.bench.serve import plot
 
     wrote = []
-    for folder in ("serve", FRESH, DECODE_SERVE):
+    for folder in ("serve", FRESH, DECODE_SERVE, DISTINCT_SERVE):
         runs, _, by_level = _serve_runs(folder)
         # one server a model and weight kind, holding the level the table shows at each concurrency
         servers = [{"model": model, "weights": w, "levels": [levels[c][w][1] for c in sorted(levels) if w in levels[c]]}
@@ -969,7 +973,7 @@ def decode_plots() -> str:
 
 
 TABLES = {"kernels": kernels, "kernels-h100": lambda: kernels("kernels_h100.json"),
-          "serve-decode": lambda: serve(DECODE_SERVE), "mma": mma, "speedups": speedups, "serving": serving, "serve": serve,
+          "serve-decode": lambda: serve(DECODE_SERVE), "serve-distinct": lambda: serve(DISTINCT_SERVE), "mma": mma, "speedups": speedups, "serving": serving, "serve": serve,
           "serve-fresh": lambda: serve(FRESH), "serve-profile": serve_profile, "serve-head": serve_head, "repack": repack, "host-path": host_path, "lm-head": lm_head, "lm-head-speed": lm_head_speed, "layout-scales": layout_scales, "serve-budget": serve_budget, "serve-h100": serve_h100, "plan-vllm": plan_vllm, "cpu": cpu, "cpu-models": cpu_models, "domains": domains, "domains-headline": domains_headline,
           "vllm": vllm, "a8": a8, "ptq": ptq, "quality": quality, "decode": decode, "decode-plots": decode_plots,
           "serve-plot": serve_plot}
