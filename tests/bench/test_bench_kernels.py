@@ -60,3 +60,19 @@ def test_a_table_of_another_gpu_model_is_not_merged_into(tmp_path: Path) -> None
     broken = tmp_path / "broken.json"
     broken.write_text("{not json")
     assert "not a tuned table" in kernels.table_mismatch(broken, "NVIDIA H200")
+
+
+def test_the_mma_layouts_kernels_are_tuned_each_in_its_range_with_dequantize_beside_the_gemms() -> None:
+    from trit.kernels.cuda import imma, mma, wgmma
+
+    assert kernels.tiled_kernels(1, True) == ["cuda_imma", "cuda_gemv", "cuda_mma"]
+    assert kernels.tiled_kernels(16, True) == ["cuda_imma", "cuda_wgmma", "cuda_mma", "cuda_dequant_cublas"]
+    assert "cuda_imma" not in kernels.tiled_kernels(imma.MAX_M + 1, True)
+    # above the mma kernel's range the wgmma kernel is still timed against dequantize + cuBLAS (it won at 512 rows
+    # on an H100), so a tuned table can name it for those rows; a GPU without it times neither
+    above = mma.TUNE_MAX_M + 1
+    assert above <= wgmma.TUNE_MAX_M
+    assert kernels.tiled_kernels(above, True) == ["cuda_wgmma", "cuda_dequant_cublas"]
+    assert kernels.tiled_kernels(above, False) == []
+    assert kernels.tiled_kernels(wgmma.TUNE_MAX_M + 1, True) == []
+    assert kernels.tiled_kernels(mma.TUNE_MAX_M, False) == ["cuda_mma", "cuda_dequant_cublas"]

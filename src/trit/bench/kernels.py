@@ -184,6 +184,27 @@ def _tiled_call(x, r):
     return lambda: torch.ops.trit.linear_tiled(x, r.wq, r.sc, r.n, GROUP, None)
 
 
+def tiled_kernels(m: int, wgmma_ok: bool) -> list[str]:
+    """The mma layout's kernels this benchmark tunes and times at ``m`` rows (``wgmma_ok``: the GPU runs the wgmma
+    kernel): each in its tuning range, and dequantize + cuBLAS beside the GEMMs wherever one of them could take
+    the problem from it. Where none is timed, dequantize + cuBLAS takes the rows without a tuned choice."""
+    from trit.kernels.cuda import gemv as cgemv
+    from trit.kernels.cuda import imma as cimma
+    from trit.kernels.cuda import wgmma as cwgmma
+
+    names = [name for name, on in (
+        ("cuda_imma", m <= cimma.MAX_M),
+        ("cuda_gemv", m <= cgemv.MAX_M),
+        ("cuda_wgmma", wgmma_ok and cwgmma.TUNE_MIN_M <= m <= cwgmma.TUNE_MAX_M),
+        # the mma kernel over its whole search space wherever it is timed: at M <= 4 it once ran at its heuristic
+        # config only, which favoured the kernels tuned beside it (the GEMV, the int8 GEMV)
+        ("cuda_mma", m <= cmma.TUNE_MAX_M),
+    ) if on]
+    if m >= 16 and {"cuda_wgmma", "cuda_mma"} & set(names):
+        names.append("cuda_dequant_cublas")
+    return names
+
+
 def _tune_tiled(x: torch.Tensor, reps: list, key: str) -> dict:
     """Tune the CUDA kernels' configs on the repacked layers; remembered (in memory) for the timing that follows."""
     from trit.kernels import tuning
@@ -194,18 +215,16 @@ def _tune_tiled(x: torch.Tensor, reps: list, key: str) -> dict:
     from trit.kernels.triton.device import sm_count
 
     m, out = x.shape[0], {}
-    wg = (cwgmma.configs_for(m, reps[0], sm_count())
-          if cwgmma.TUNE_MIN_M <= m <= cmma.TUNE_MAX_M and cwgmma.supported(x.device) is None else [])
+    names = tiled_kernels(m, cwgmma.supported(x.device) is None)
+    wg = cwgmma.configs_for(m, reps[0], sm_count()) if "cuda_wgmma" in names else []
     nvrtc.precompile(cwgmma.source(), [cwgmma.kernel_name(c, GROUP) for c in wg], arch_suffix="a")
-    im = cimma.configs_for(reps[0], sm_count()) if m <= cimma.MAX_M else []
+    im = cimma.configs_for(reps[0], sm_count()) if "cuda_imma" in names else []
     nvrtc.precompile(cimma.source(), [cimma.kernel_name(cimma.token_tiles(m), c, GROUP) for c in im])
-    # the mma kernel over its whole search space wherever it is timed: at M <= 4 it once ran at its heuristic config
-    # only, which favoured the kernels tuned beside it (the GEMV, the int8 GEMV)
-    mm = cmma.configs_for(m, reps[0], sm_count()) if m <= cmma.TUNE_MAX_M else []
+    mm = cmma.configs_for(m, reps[0], sm_count()) if "cuda_mma" in names else []
     nvrtc.precompile(cmma.source(), [cmma.kernel_name(cmma.token_tiles(m, c.mt), c, GROUP) for c in mm])
     for name, run, cands in (
         ("cuda_imma", cimma.linear, im),
-        ("cuda_gemv", cgemv.linear, cgemv.configs_for(reps[0], sm_count()) if m <= cgemv.MAX_M else ()),
+        ("cuda_gemv", cgemv.linear, cgemv.configs_for(reps[0], sm_count()) if "cuda_gemv" in names else ()),
         ("cuda_wgmma", cwgmma.linear, wg),
         ("cuda_mma", cmma.linear, mm),
     ):
@@ -214,7 +233,7 @@ def _tune_tiled(x: torch.Tensor, reps: list, key: str) -> dict:
         best, us = tuning.tune(lambda cfg, run=run: [lambda r=r: run(x, r, cfg) for r in reps], cands)
         tuning.remember(name, key, best, persist=False)
         out[name] = {"config": asdict(best), "us": us}
-    if 16 <= m <= cmma.TUNE_MAX_M:  # where the mma kernel may hand over to dequantize + cuBLAS: both timed
+    if "cuda_dequant_cublas" in names:  # where a GEMM may hand over to dequantize + cuBLAS: both timed
         out["cuda_dequant_cublas"] = {"us": tuning.graph_time_us(
             [lambda r=r: torch.nn.functional.linear(x, cgemv.dequantize(r)) for r in reps])}
     if len(out) > 1:  # the fastest of the layout's kernels takes this problem
