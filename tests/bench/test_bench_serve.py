@@ -373,11 +373,16 @@ def test_the_failed_requests_messages_are_kept_distinct_and_short() -> None:
                "tokens and your prompt contains 4095 characters")
     trace = "Traceback (most recent call last):\n  File \"x.py\", line 1, in f\n" + "  frame\n" * 200 + \
         "aiohttp.ClientConnectorError: Cannot connect"
+    inner = "a message\nError 3: that quotes another client's line"
+    after = ("tip: install termplotlib and gnuplot to plot the metrics\n"
+             "============ Serving Benchmark Result ============\nSuccessful requests: 11\n")
     stdout = ("Starting main benchmark run...\nFailed requests during benchmark run detected (capping to 10):\n"
-              f"Error 0: {refused}\nError 1: {refused}\nError 2: {trace}\n"
-              "============ Serving Benchmark Result ============\nSuccessful requests: 11\n")
-    got = client_errors(stdout)
-    assert got[0] == refused and len(got) == 2  # the repeat is kept once
+              f"Error 0: {refused}\nError 1: {refused}\nError 2: {trace}\nError 3: {inner}\nError 4: {refused}\n"
+              + after)
+    got = client_errors(stdout, keep=5)
+    assert got[0] == refused and len(got) == 3  # the repeats are kept once, the last one without the client's tip
     assert got[1].startswith("...") and len(got[1]) == 603 and got[1].endswith("Cannot connect")
-    assert "Serving Benchmark Result" not in got[1]
+    assert got[2] == inner  # its quoted "Error 3: " is not a message of its own
+    assert client_errors(stdout, keep=1) == [refused]
+    assert client_errors(f"Error 0: {refused}\n" + after) == [refused]
     assert client_errors("Successful requests: 16\n") == []

@@ -88,16 +88,24 @@ class Level:
     errors: list[str] = field(default_factory=list)
 
 
-_CLIENT_ERROR = re.compile(r"^Error \d+: ", re.M)
+_CLIENT_ERROR = re.compile(r"^Error (\d+): ", re.M)
+# what vLLM's client prints after its last error line: a hint or chart (termplotlib), then its result banner
+_AFTER_ERRORS = re.compile(r"^(?:tip: |=+ )", re.M)
 
 
 def client_errors(stdout: str, keep: int = 3, width: int = 600) -> list[str]:
-    """The distinct messages of the failed requests vLLM's client printed (``Error i: ...``, each up to the next
-    one or the result banner, a traceback included), the first ``keep``, each cut to its last ``width``
-    characters (a traceback's end names the error)."""
+    """The distinct messages of the failed requests vLLM's client printed (``Error 0: ...``, ``Error 1: ...``, each
+    up to the next in that count, a traceback included, the last up to what the client prints after them), the
+    first ``keep``, each cut to its last ``width`` characters (a traceback's end names the error)."""
+    heads, want = [], 0
+    for m in _CLIENT_ERROR.finditer(stdout):
+        if int(m.group(1)) == want:  # an "Error 3: " inside a message is not the next one
+            heads.append(m)
+            want += 1
     found: list[str] = []
-    for part in _CLIENT_ERROR.split(stdout)[1:]:
-        msg = re.split(r"^=+ ", part, maxsplit=1, flags=re.M)[0].strip()
+    for i, m in enumerate(heads):
+        msg = stdout[m.end():heads[i + 1].start() if i + 1 < len(heads) else len(stdout)]
+        msg = _AFTER_ERRORS.split(msg, maxsplit=1)[0].strip()
         msg = msg if len(msg) <= width else "..." + msg[-width:]
         if msg not in found:
             found.append(msg)
