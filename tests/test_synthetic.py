@@ -61,9 +61,14 @@ def test_word_tokenizer_gives_every_id_back_and_refuses_a_vocabulary_too_small(t
     ids = [3, 4, 999, 500, 3, 17]
     text = tok.decode(ids)
     assert text == "t3 t4 t999 t500 t3 t17" and tok.encode(text, add_special_tokens=False) == ids
-    # each token's string holds its space: no text of n tokens is longer than n times the longest token (vLLM
-    # 0.25.1 refuses a prompt over that bound before tokenizing it)
-    longest = max(len(t) for t in tok.get_vocab())
-    assert longest == len("\u2581t999") and len(tok.decode(list(range(990, 1000)) * 3)) <= 30 * longest
+    # each token's string holds its space, so that no text of n tokens is longer than n times the longest token
+    # (vLLM 0.25.1 refuses a prompt over that bound before tokenizing it): 30 of the longest words, 179 characters,
+    # against 30 x 6 (bare words of 5 characters and the spaces between them went over)
+    assert tok.convert_ids_to_tokens([3, 999]) == ["\u2581t3", "\u2581t999"]
+    word_tokenizer(10000).save_pretrained(tmp_path / "big")
+    big = AutoTokenizer.from_pretrained(tmp_path / "big")
+    longest = max(len(t) for t in big.get_vocab())
+    text = big.decode([9999] * 30)
+    assert longest == len("\u2581t9999") and len(text) == 179 <= 30 * longest
     with pytest.raises(ValueError, match="at least 4 ids"):
         word_tokenizer(3)
