@@ -75,7 +75,7 @@ def test_a_client_that_fails_silently_fails_its_level(tmp_path: Path, monkeypatc
     monkeypatch.setattr(serve, "CLIENT", "import sys; sys.exit(3)")  # no output, no result file
     level = serve.Level(4, 8)
     serve.run_client("http://127.0.0.1:1", tmp_path, level, 32, 8, tmp_path, timeout=60)
-    assert level.error == "client exit code 3, no result file client-c4.json, no output"
+    assert level.error == "no result file client-c4.json\nclient exit code 3"
     assert level.completed == 0 and level.output_tokens_per_s == 0
 
 
@@ -389,40 +389,111 @@ def test_the_failed_requests_messages_are_kept_distinct_and_short() -> None:
 
 
 def test_one_client_process_answers_a_servers_runs_in_turn(tmp_path: Path, monkeypatch) -> None:
-    """vLLM is imported once a server, not once a level: the runs go to one process, which answers each with what
-    the client printed or its traceback; a process that ended is started again; one that hangs is killed."""
+    """vLLM is imported once a server, not once a level: the runs go to one process (the real client script, on a
+    stand-in for vLLM's client module), which answers each with what the client printed, or with what it wrote to
+    stderr and its traceback; a process that ended is started again, with its own part of the log and its exit
+    status as the error, and what it started is killed; one that hangs is killed."""
+    import os
+    import time
+
     from trit.bench import serve
 
-    fake = """
-import json, os, sys, time, traceback
-for line in sys.stdin:
-    argv = json.loads(line)
-    if argv == ["exit"]:
-        sys.exit(5)
-    if argv == ["hang"]:
+    pkg = tmp_path / "fake" / "vllm"
+    (pkg / "benchmarks").mkdir(parents=True)
+    (pkg / "utils").mkdir()
+    for f in ("__init__.py", "benchmarks/__init__.py", "utils/__init__.py"):
+        (pkg / f).write_text("")
+    (pkg / "utils" / "argparse_utils.py").write_text("from argparse import ArgumentParser as FlexibleArgumentParser\n")
+    (pkg / "benchmarks" / "serve.py").write_text("""
+import os, subprocess, sys, time
+def add_cli_args(parser):
+    parser.add_argument("--mode", default="ok")
+    parser.add_argument("--tag", default="")
+def main(args):
+    if args.mode == "raise":
+        raise ValueError("no such dataset")
+    if args.mode == "exit0":
+        sys.exit(0)
+    if args.mode == "die":
+        sys.stderr.write("dying now\\n"); sys.stderr.flush(); os._exit(7)
+    if args.mode == "child":
+        child = subprocess.Popen(["sleep", "300"])  # holds the client's stdout open
+        sys.stderr.write(f"child {child.pid}\\n"); sys.stderr.flush(); os._exit(9)
+    if args.mode == "hang":
         time.sleep(60)
-    error = None
-    try:
-        if argv == ["raise"]:
-            raise ValueError("no such dataset")
-    except ValueError:
-        error = traceback.format_exc()
-    print("stray output, not an answer", flush=True)
-    sys.stdout.write(REPLY + json.dumps({"stdout": f"pid {os.getpid()} {argv}", "error": error}) + "\\n")
-    sys.stdout.flush()
-"""
-    monkeypatch.setattr(serve, "CLIENT", fake)
-    with serve.Client(tmp_path / "client.log") as client:
-        first, second = client.run(["a", "1"], timeout=30), client.run(["b"], timeout=30)
+    os.write(1, b"written to fd 1, not an answer\\n")
+    print("pid", os.getpid(), args.tag)
+    return {}
+""")
+    monkeypatch.setenv("PYTHONPATH", f"{tmp_path / 'fake'}:{os.environ.get('PYTHONPATH', '')}")
+    log = tmp_path / "client.log"
+    log.write_text("an earlier process's last words\n")
+    with serve.Client(log) as client:
+        first, second = client.run(["--tag", "a"], timeout=60), client.run(["--tag", "b"], timeout=60)
         assert first.returncode == second.returncode == 0 and first.stderr == ""
         pid = first.stdout.split()[1]
-        assert first.stdout == f"pid {pid} ['a', '1']" and second.stdout == f"pid {pid} ['b']"  # one process
-        failed = client.run(["raise"], timeout=30)
+        assert first.stdout == f"pid {pid} a\n" and second.stdout == f"pid {pid} b\n"  # one process
+        failed = client.run(["--mode", "raise"], timeout=60)
         assert failed.returncode == 1 and failed.stderr.rstrip().endswith("ValueError: no such dataset")
-        assert client.run(["exit"], timeout=30).returncode == 5
-        again = client.run(["c"], timeout=30)  # a new process takes the next run
+        usage = client.run(["--no-such-flag"], timeout=60)  # argparse's message, not only "SystemExit: 2"
+        assert usage.returncode == 1 and "unrecognized arguments: --no-such-flag" in usage.stderr
+        assert client.run(["--mode", "exit0"], timeout=60).returncode == 0
+        died = client.run(["--mode", "die"], timeout=60)
+        assert died.returncode == 7 and died.stderr == "client exit code 7\ndying now"  # not the earlier words
+        again = client.run(["--tag", "c"], timeout=60)  # a new process takes the next run
         assert again.returncode == 0 and again.stdout.split()[1] != pid
+        t0 = time.monotonic()
+        orphaned = client.run(["--mode", "child"], timeout=60)
+        assert orphaned.returncode == 9 and time.monotonic() - t0 < 30  # not the level's whole limit
+        child = int(orphaned.stderr.split("child ")[1].split()[0])
+        for _ in range(50):  # killed with the client's process group (and reaped by its new parent)
+            try:
+                os.kill(child, 0)
+            except ProcessLookupError:
+                break
+            time.sleep(0.1)
+        else:
+            raise AssertionError(f"the client's child {child} outlived it")
+        client.run(["--tag", "d"], timeout=60)
         hung = client.proc
         with pytest.raises(subprocess.TimeoutExpired):
-            client.run(["hang"], timeout=1)
+            client.run(["--mode", "hang"], timeout=2)
         assert client.proc is None and hung.poll() is not None  # killed, not left running
+
+
+def test_a_server_warm_up_and_levels_share_one_client(tmp_path: Path, monkeypatch) -> None:
+    from trit.bench import serve
+
+    class UpServer:
+        url, start_seconds = "http://127.0.0.1:1", 1.0
+
+        def __init__(self, *args, **kwargs) -> None:
+            pass
+
+        def __enter__(self):
+            return self
+
+        def __exit__(self, *exc) -> bool:
+            return False
+
+        def log_text(self) -> str:
+            return ""
+
+    clients = []
+
+    def run(self, cmd, timeout):
+        clients.append(self)  # kept alive: no two clients share an id
+        out = Path(cmd[cmd.index("--result-dir") + 1]) / cmd[cmd.index("--result-filename") + 1]
+        out.write_text(json.dumps({"completed": 4, "output_throughput": 10.0}))
+        return subprocess.CompletedProcess(cmd, 0, "", "")
+
+    monkeypatch.setattr(serve, "VllmServer", UpServer)
+    monkeypatch.setattr(serve.Client, "run", run)
+    monkeypatch.setattr(serve, "_gpu_total_mib", lambda: None)
+    out = tmp_path / "serve.json"
+    serve.main(["--models", "tiny", "--weights", "trit,bf16", "--concurrency", "1,4", "--num-prompts", "4",
+                "--out", str(out)])
+    ids = [id(c) for c in clients]
+    assert len(ids) == 6 and len(set(ids[:3])) == 1 and len(set(ids[3:])) == 1  # warm-up + 2 levels
+    assert ids[0] != ids[3]  # each server its own
+    assert all(lv["completed"] == 4 for sv in json.loads(out.read_text())["servers"] for lv in sv["levels"])

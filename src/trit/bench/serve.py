@@ -70,11 +70,16 @@ reply = sys.stdout
 for line in sys.stdin:  # one run of vLLM's client a line: its arguments, a JSON list
     parser = FlexibleArgumentParser()
     add_cli_args(parser)
-    out, error = io.StringIO(), None
+    out, usage, error = io.StringIO(), io.StringIO(), None
     try:
         with contextlib.redirect_stdout(out):
-            main(parser.parse_args(json.loads(line)))
-    except (Exception, SystemExit):
+            with contextlib.redirect_stderr(usage):  # argparse's refusal: its message, then SystemExit
+                args = parser.parse_args(json.loads(line))
+            main(args)  # its stderr (vLLM's warnings) goes to the log, also where the process dies
+    except SystemExit as e:
+        if e.code not in (0, None):
+            error = usage.getvalue()[-2000:] + traceback.format_exc()
+    except Exception:
         error = traceback.format_exc()
     reply.write(REPLY + json.dumps({"stdout": out.getvalue(), "error": error}) + "\\n")
     reply.flush()
@@ -84,59 +89,99 @@ REPLY = "@@trit-client "  # the prefix of the client process's answer to a run, 
 
 class Client:
     """vLLM's serving benchmark client (``vllm bench serve``'s own code) in one process for a server's runs:
-    vLLM is imported once, not once a level (that took 20-30 s a level on a GPU host, beside runs of a few
-    seconds). Each :meth:`run` sends one run's arguments on the process's stdin and waits for its answer: what the
-    client printed and its traceback if it failed. Its stderr (vLLM's logging) goes to ``log``."""
+    vLLM is imported once, not once a level. Each :meth:`run` sends one run's arguments on the process's stdin and
+    waits for its answer: what the client printed, and if it failed, its traceback (after argparse's message where
+    the arguments were refused). The process's stderr goes to ``log``."""
 
     def __init__(self, log: Path) -> None:
         self.log = log
         self.proc: subprocess.Popen | None = None
         self.answers: queue.Queue = queue.Queue()
+        self.log_start = 0  # where the running process's part of the log begins
 
     def _start(self) -> subprocess.Popen:
         self.answers = queue.Queue()
+        self.log_start = self.log.stat().st_size if self.log.is_file() else 0
         with open(self.log, "ab") as err:
             proc = subprocess.Popen([sys.executable, "-c", f"REPLY = {REPLY!r}\n" + CLIENT], stdin=subprocess.PIPE,
                                     stdout=subprocess.PIPE, stderr=err, text=True, start_new_session=True)
 
         def read(out=proc.stdout, answers=self.answers) -> None:
-            for line in out:
-                if line.startswith(REPLY):
-                    answers.put(json.loads(line[len(REPLY):]))
-            answers.put(None)  # the process ended
+            try:
+                for line in out:
+                    if line.startswith(REPLY):
+                        try:
+                            answers.put(json.loads(line[len(REPLY):]))
+                        except ValueError:
+                            answers.put({"stdout": "", "error": f"the client's answer is not JSON: {line[:200]}"})
+            except (OSError, ValueError):  # the pipe closed under it, or undecodable output
+                pass
+            finally:
+                answers.put(None)  # the process ended
 
         threading.Thread(target=read, daemon=True).start()
         return proc
 
     def run(self, argv: list[str], timeout: float) -> subprocess.CompletedProcess:
         """One run of the client: exit status 0 when it returned, 1 when it raised, the process's own where it
-        ended; its printed output; its traceback, or the log's tail where the process ended."""
+        ended (then its part of the log as the error, after its exit status)."""
         if self.proc is None or self.proc.poll() is not None:
+            self.close()
             self.proc = self._start()
         try:
-            self.proc.stdin.write(json.dumps(argv) + "\n")
-            self.proc.stdin.flush()
-        except OSError:  # it ended before reading: its answer is its exit status
-            pass
-        try:
-            answer = self.answers.get(timeout=timeout)
-        except queue.Empty:
+            try:
+                self.proc.stdin.write(json.dumps(argv) + "\n")
+                self.proc.stdin.flush()
+            except OSError:  # it ended before reading: its answer is its exit status
+                pass
+            answer = self._answer(argv, timeout)
+        except BaseException:  # the timeout, or an interrupt: no answer may be left for the next run
             self.close()
-            raise subprocess.TimeoutExpired(["vllm bench serve", *argv], timeout) from None
+            raise
         if answer is None:
-            code = self.proc.wait()
-            tail = self.log.read_text(errors="replace")[-2000:] if self.log.is_file() else ""
-            return subprocess.CompletedProcess(argv, code or 1, "", tail)
+            code = self._end()
+            text = ""
+            if self.log.is_file():
+                with open(self.log, "rb") as f:
+                    f.seek(self.log_start)
+                    text = f.read().decode(errors="replace")
+            return subprocess.CompletedProcess(argv, code or 1, "", f"client exit code {code}\n{text[-2000:]}".strip())
         return subprocess.CompletedProcess(argv, 1 if answer["error"] else 0, answer["stdout"], answer["error"] or "")
 
-    def close(self) -> None:
-        if self.proc is None:
-            return
-        if self.proc.poll() is None:
+    def _answer(self, argv: list[str], timeout: float) -> dict | None:
+        """The run's answer, or None where the process ended without one (also when something it started still
+        holds its stdout open); TimeoutExpired past ``timeout``."""
+        deadline = time.monotonic() + timeout
+        while True:
+            try:
+                return self.answers.get(timeout=max(0.0, min(1.0, deadline - time.monotonic())))
+            except queue.Empty:
+                if self.proc.poll() is not None:
+                    try:  # an answer it wrote before it ended is read by now
+                        return self.answers.get(timeout=1.0)
+                    except queue.Empty:
+                        return None
+                if time.monotonic() >= deadline:
+                    raise subprocess.TimeoutExpired(["vllm bench serve", *argv], timeout) from None
+
+    def _end(self) -> int | None:
+        """Kill the process and what it started (its process group), reap it; its exit status."""
+        proc, self.proc = self.proc, None
+        if proc is None:
+            return None
+        with contextlib.suppress(OSError):  # ProcessLookupError: nothing of its group is left
+            os.killpg(proc.pid, signal.SIGKILL)
+        try:
+            code = proc.wait(timeout=30)
+        except subprocess.TimeoutExpired:
+            code = None
+        for pipe in (proc.stdin, proc.stdout):
             with contextlib.suppress(OSError):
-                os.killpg(self.proc.pid, signal.SIGKILL)
-        self.proc.wait()
-        self.proc = None
+                pipe.close()
+        return code
+
+    def close(self) -> None:
+        self._end()
 
     def __enter__(self) -> Client:
         return self
@@ -381,9 +426,9 @@ def run_client(url: str, folder: Path, level: Level, input_len: int, output_len:
     if proc.returncode == 0 and before and after and after[0] > before[0] and after[1] >= before[1]:
         level.prefix_cache_hit_rate = (after[1] - before[1]) / (after[0] - before[0])
     if proc.returncode != 0 or not result.is_file():
-        tail = (proc.stderr or proc.stdout)[-2000:].strip()
-        missing = "" if result.is_file() else f", no result file {result.name}"
-        level.error = tail or f"client exit code {proc.returncode}{missing}, no output"
+        tail = (proc.stderr or proc.stdout)[-2000:].strip()  # its last line names the failure
+        missing = "" if result.is_file() else f"no result file {result.name}\n"
+        level.error = missing + (tail or f"client exit code {proc.returncode}, no output")
         return
     r = json.loads(result.read_text())
     level.completed = int(r.get("completed", 0))
