@@ -325,7 +325,7 @@ def _bench_parser(sub) -> None:
                  "trit bench kernels --tune-ms 4,16,64 --out benchmarks/results --tuned-out h200.json")
     k.add_argument("--out", type=Path, default=Path("benchmarks/results"), help="folder for kernels.json/png")
     k.add_argument("--quick", action="store_true", help="M in {1, 4} only")
-    k.add_argument("--ms", default=None, help="the M values, comma-separated (default: 1,4,16,64,128,256,2048)")
+    k.add_argument("--ms", default=None, help="the M values, comma-separated (default: 1,4,16,64,128,256,512,2048)")
     k.add_argument("--models", default=None, help="these models' layer shapes only, comma-separated "
                    "(default: llama3-8b,qwen2-1.5b,27b)")
     k.add_argument("--no-tune", action="store_true", help="time the configs as they are, without tuning first")

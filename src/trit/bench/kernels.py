@@ -1,7 +1,7 @@
 """``trit bench kernels``: ternary linear kernels against bf16 cuBLAS and the reference, on one GPU.
 
 For the Llama-3-8B, Qwen2-1.5B and 27B layer shapes (``--models``) and M in {1, 4, 16, 64, 128, 256,
-2048} it
+512, 2048} it
 times, in the same run: the op a loaded layer calls, as it dispatches
 (``trit::linear_tiled`` on the mma layout where the CUDA kernels can run, else
 ``trit::linear`` on format v1), format v1's ``trit::linear`` beside it, bf16
@@ -51,7 +51,7 @@ def layer_shapes(config: dict) -> tuple[tuple[str, int, int], ...]:
 
 
 SHAPES = {model: layer_shapes(decode.SHAPES[model]) for model in ("llama3-8b", "qwen2-1.5b", "27b")}
-MS = (1, 4, 16, 64, 128, 256, 2048)
+MS = (1, 4, 16, 64, 128, 256, 512, 2048)  # 512: the wgmma kernel's tuning range ends there
 GROUP = fmt.DEFAULT_GROUP_SIZE
 
 
