@@ -207,6 +207,8 @@ def test_the_gpu_memory_is_asked_of_nvidia_smi_once_a_gpu(monkeypatch) -> None:
     assert [serve._gpu_total_mib() for _ in range(3)] == [81559.0] * 3
     monkeypatch.setenv("CUDA_VISIBLE_DEVICES", "1,0")
     assert serve._gpu_total_mib() == 143771.0
+    monkeypatch.setenv("CUDA_VISIBLE_DEVICES", "")  # every GPU hidden: none to size the KV cache on, none asked
+    assert serve._gpu_total_mib() is None
     assert calls == ["0", "0", "1"]
     monkeypatch.setattr(serve, "_GPU_MEMORY", {})
     monkeypatch.setattr(serve.shutil, "which", lambda name: None)

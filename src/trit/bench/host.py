@@ -21,12 +21,19 @@ def cpu_model() -> str:
     return platform.processor() or "unknown"
 
 
-def gpu_uuid() -> str | None:
-    """nvidia-smi's UUID of the GPU a server runs on (the first of ``CUDA_VISIBLE_DEVICES`` where set, else GPU 0);
-    None without nvidia-smi, with no GPU visible (``CUDA_VISIBLE_DEVICES=""``) or without a UUID in its answer."""
+def first_visible_gpu() -> str | None:
+    """The GPU a process started here runs on, as nvidia-smi's ``-i`` takes it (nvidia-smi does not read
+    ``CUDA_VISIBLE_DEVICES``): the variable's first entry where it is set, GPU 0 where it is not; None where it
+    hides every GPU (set, but empty)."""
     visible = os.environ.get("CUDA_VISIBLE_DEVICES")
-    index = "0" if visible is None else visible.split(",")[0].strip()
-    if shutil.which("nvidia-smi") is None or not index:
+    return "0" if visible is None else (visible.split(",")[0].strip() or None)
+
+
+def gpu_uuid() -> str | None:
+    """nvidia-smi's UUID of :func:`first_visible_gpu`; None without nvidia-smi, with no GPU visible or without a
+    UUID in its answer."""
+    index = first_visible_gpu()
+    if shutil.which("nvidia-smi") is None or index is None:
         return None
     try:
         proc = subprocess.run(["nvidia-smi", "-i", index, "--query-gpu=uuid", "--format=csv,noheader"],

