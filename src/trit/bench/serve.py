@@ -139,7 +139,7 @@ class Client:
             self.close()
             raise
         if answer is None:
-            code = self._end()
+            code = self.close()
             text = ""
             if self.log.is_file():
                 with open(self.log, "rb") as f:
@@ -164,8 +164,8 @@ class Client:
                 if time.monotonic() >= deadline:
                     raise subprocess.TimeoutExpired(["vllm bench serve", *argv], timeout) from None
 
-    def _end(self) -> int | None:
-        """Kill the process and what it started (its process group), reap it; its exit status."""
+    def close(self) -> int | None:
+        """Kill the process and what it started (its process group), reap it; its exit status (None: none ran)."""
         proc, self.proc = self.proc, None
         if proc is None:
             return None
@@ -179,9 +179,6 @@ class Client:
             with contextlib.suppress(OSError):
                 pipe.close()
         return code
-
-    def close(self) -> None:
-        self._end()
 
     def __enter__(self) -> Client:
         return self
