@@ -663,7 +663,8 @@ def serve_h100() -> str:
     files = []  # the runs, for the caption's note on their prompts
     for f, run, sv, lv in _serve_levels("serve-h100"):
         first = first or run
-        files += [] if f"serve-h100/{f.name}" in files else [f"serve-h100/{f.name}"]
+        if f"serve-h100/{f.name}" not in files:
+            files.append(f"serve-h100/{f.name}")
         peak = f"{sv['gpu_peak_mib']:.0f}" if sv.get("gpu_peak_mib") else "-"
         layout = run.get("env", {}).get("TRIT_LAYOUT")
         weights = f"trit (`TRIT_LAYOUT={layout}`)" if layout and sv["weights"] == "trit" else sv["weights"]
