@@ -148,23 +148,35 @@ def test_a_profiled_start_that_fails_says_so_in_its_profile(tmp_path: Path, monk
     assert last.profile == {"concurrency": 2, "error": f"the profiled start failed: {last.error}"}
 
 
+class _UpServer:
+    """A stand-in for ``VllmServer``: a server that came up, whose log is ``log``."""
+
+    url, start_seconds, log = "http://127.0.0.1:1", 1.0, ""
+
+    def __init__(self, *args, **kwargs) -> None:
+        pass
+
+    def __enter__(self):
+        return self
+
+    def __exit__(self, *exc) -> bool:
+        return False
+
+    def log_text(self) -> str:
+        return self.log
+
+
+def _write_result(cmd: list[str], completed: int, throughput: float) -> None:
+    """The result file a run of vLLM's client writes, where its arguments name it."""
+    out = Path(cmd[cmd.index("--result-dir") + 1]) / cmd[cmd.index("--result-filename") + 1]
+    out.write_text(json.dumps({"completed": completed, "output_throughput": throughput}))
+
+
 def test_a_run_cut_short_keeps_its_levels_and_memory_peak(tmp_path: Path, monkeypatch) -> None:
     from trit.bench import serve
 
-    class UpServer:  # a server that came up; the second level is interrupted (SIGTERM unwinds as Ctrl-C)
-        url, start_seconds = "http://127.0.0.1:1", 1.0
-
-        def __init__(self, *args, **kwargs) -> None:
-            pass
-
-        def __enter__(self):
-            return self
-
-        def __exit__(self, *exc) -> bool:
-            return False
-
-        def log_text(self) -> str:
-            return "KV cache size: 1,234 tokens"
+    class UpServer(_UpServer):  # the second level is interrupted (SIGTERM unwinds as Ctrl-C)
+        log = "KV cache size: 1,234 tokens"
 
     def client(url, folder, level, *args, **kwargs) -> None:
         if level.concurrency == 4:
@@ -346,8 +358,7 @@ def test_the_prefix_cache_share_is_read_from_vllms_counters(tmp_path: Path, monk
             return self.text
 
     def client(cmd, **kwargs):  # writes the result file the level reads, as vLLM's client does
-        out = Path(cmd[cmd.index("--result-dir") + 1]) / cmd[cmd.index("--result-filename") + 1]
-        out.write_text(json.dumps({"completed": 8, "output_throughput": 100.0}))
+        _write_result(cmd, 8, 100.0)
         return subprocess.CompletedProcess(cmd, 0, "", "")
 
     monkeypatch.setattr(urllib.request, "urlopen", Page)
@@ -481,30 +492,14 @@ def main(args):
 def test_a_server_warm_up_and_levels_share_one_client(tmp_path: Path, monkeypatch) -> None:
     from trit.bench import serve
 
-    class UpServer:
-        url, start_seconds = "http://127.0.0.1:1", 1.0
-
-        def __init__(self, *args, **kwargs) -> None:
-            pass
-
-        def __enter__(self):
-            return self
-
-        def __exit__(self, *exc) -> bool:
-            return False
-
-        def log_text(self) -> str:
-            return ""
-
     clients = []
 
     def run(self, cmd, timeout):
         clients.append(self)  # kept alive: no two clients share an id
-        out = Path(cmd[cmd.index("--result-dir") + 1]) / cmd[cmd.index("--result-filename") + 1]
-        out.write_text(json.dumps({"completed": 4, "output_throughput": 10.0}))
+        _write_result(cmd, 4, 10.0)
         return subprocess.CompletedProcess(cmd, 0, "", "")
 
-    monkeypatch.setattr(serve, "VllmServer", UpServer)
+    monkeypatch.setattr(serve, "VllmServer", _UpServer)
     monkeypatch.setattr(serve.Client, "run", run)
     monkeypatch.setattr(serve, "_gpu_total_mib", lambda: None)
     out = tmp_path / "serve.json"
