@@ -264,6 +264,10 @@ def test_the_servers_memory_figures_are_read_from_vllms_log() -> None:
     assert (timed.load_seconds, timed.compile_seconds, timed.capture_seconds, timed.init_engine_seconds) == (
         2.103412, 12.5, 9.0, 88.21)
     assert (bare.load_seconds, bare.init_engine_seconds) == (None, None)  # not logged: not guessed
+    runner2 = serve.Server("llama3-8b", "trit", [])  # 0.25.1's second model runner (vllm/v1/worker/gpu/) on a GPU
+    serve._parse_log("(EngineCore pid=7) INFO [model_runner.py:303] Model loading took 3.87 GiB and 1.502311 seconds",
+                     runner2)
+    assert (runner2.weights_gib, runner2.load_seconds) == (3.87, 1.502311)
 
 
 def test_each_level_asks_for_prompts_of_its_own(tmp_path: Path, monkeypatch) -> None:

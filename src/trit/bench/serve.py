@@ -385,7 +385,8 @@ _LOG_GIB = {  # Server field -> the vLLM log line that gives it, in GiB (the las
 
 
 _LOG_SECONDS = {  # Server field -> the vLLM log line that gives it, in seconds (the last one logged counts)
-    "load_seconds": r"Model loading took [\d.]+ GiB memory and ([\d.]+) seconds",
+    # the first model runner's line says "GiB memory and", the second's (vllm/v1/worker/gpu/, 0.25.1) "GiB and"
+    "load_seconds": r"Model loading took [\d.]+ GiB (?:memory )?and ([\d.]+) seconds",
     "compile_seconds": r"torch\.compile took ([\d.]+) s in total",
     "capture_seconds": r"Graph capturing finished in (\d+) secs",
     "init_engine_seconds": r"init engine \(profile, create kv cache, warmup model\) took ([\d.]+) s",
