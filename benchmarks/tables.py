@@ -5,8 +5,8 @@
     python benchmarks/tables.py a8        # from benchmarks/results/a8.json
     python benchmarks/tables.py ptq       # from benchmarks/results/ptq_smollm2_*.json (every run)
     python benchmarks/tables.py quality   # the headline rows of those files
-    python benchmarks/tables.py kernels-h100  # from benchmarks/results/kernels_h100.json
-    python benchmarks/tables.py speedups  # kernels_h100.json and kernels.json summed per model and M
+    python benchmarks/tables.py kernels-h100  # from benchmarks/results/kernels_h100_m512.json
+    python benchmarks/tables.py speedups  # kernels_h100_m512.json and kernels.json summed per model and M
     python benchmarks/tables.py mma       # from benchmarks/results/mma_h200.json (benchmarks/exp_mma.py)
     python benchmarks/tables.py layout-scales  # from benchmarks/results/layout_scales_cpu.json
     python benchmarks/tables.py lm-head   # from benchmarks/results/lm_head_cost_cpu.json (benchmarks/lm_head_cost.py)
@@ -15,7 +15,8 @@
     python benchmarks/tables.py serve     # from benchmarks/results/serve/*.json (trit bench serve)
     python benchmarks/tables.py serve-fresh  # from benchmarks/results/serve-fresh-h100/*.json (the README's)
     python benchmarks/tables.py serve-decode  # from benchmarks/results/serve-decode-h100/*.json
-    python benchmarks/tables.py serve-distinct  # from benchmarks/results/serve-distinct-h100/*.json (the README's)
+    python benchmarks/tables.py serve-distinct  # from benchmarks/results/serve-distinct-h100/*.json
+    python benchmarks/tables.py serve-sweep  # from benchmarks/results/serve-sweep-h100/*.json (the README's)
     python benchmarks/tables.py cpu       # from benchmarks/results/cpu.json (trit bench cpu)
     python benchmarks/tables.py cpu-models  # its end-to-end rows alone (the README's)
     python benchmarks/tables.py domains   # from benchmarks/results/quality_domains_*.json (quality_domains.py)
@@ -50,6 +51,8 @@ FRESH = "serve-fresh-h100"
 DECODE_SERVE = "serve-decode-h100"
 # Llama-3-8B with the word tokenizer: prompts no server had been sent (one H100; bf16 in a second invocation)
 DISTINCT_SERVE = "serve-distinct-h100"
+# every level of Llama-3-8B and Qwen2-1.5B on distinct prompts, each model's two kinds in one invocation (H100s)
+SWEEP_SERVE = "serve-sweep-h100"
 
 
 def kernels(name: str = "kernels.json") -> str:
@@ -116,8 +119,8 @@ def mma() -> str:
 
 
 # the full kernel runs the README sums, newest first: (file, its row label, what tree and table it measured)
-KERNEL_RUNS = (("kernels_h100.json", "12-06", "2026-12-06, with the warp-specialized wgmma kernel and the shorter "
-                "decode, on the H100 table tuned on them in that session"),
+KERNEL_RUNS = (("kernels_h100_m512.json", "12-06", "2026-12-06, with the warp-specialized wgmma kernel and the "
+                "shorter decode, on the H100 table tuned on them, and at 512 rows in a later session"),
                ("kernels.json", "12-04", "2026-12-04, before both, on the H200 table of then"))
 
 
@@ -734,13 +737,13 @@ def plan_vllm() -> str:
 
 def serve_plot() -> str:
     """One plot of each serve table's runs (``serve/``, ``serve-fresh-h100/``, ``serve-decode-h100/``,
-    ``serve-distinct-h100/``): throughput and TPOT against
+    ``serve-distinct-h100/``, ``serve-sweep-h100/``): throughput and TPOT against
     concurrency, bf16 and trit."""
     sys.path.insert(0, str(SRC))
     from trit.bench.serve import plot
 
     wrote = []
-    for folder in ("serve", FRESH, DECODE_SERVE, DISTINCT_SERVE):
+    for folder in ("serve", FRESH, DECODE_SERVE, DISTINCT_SERVE, SWEEP_SERVE):
         runs, _, by_level = _serve_runs(folder)
         # one server a model and weight kind, holding the level the table shows at each concurrency
         servers = [{"model": model, "weights": w, "levels": [levels[c][w][1] for c in sorted(levels) if w in levels[c]]}
@@ -973,8 +976,9 @@ def decode_plots() -> str:
     return "wrote " + ", ".join(str(p) for p in sorted(DECODE.glob("decode_*.png")))
 
 
-TABLES = {"kernels": kernels, "kernels-h100": lambda: kernels("kernels_h100.json"),
-          "serve-decode": lambda: serve(DECODE_SERVE), "serve-distinct": lambda: serve(DISTINCT_SERVE), "mma": mma, "speedups": speedups, "serving": serving, "serve": serve,
+TABLES = {"kernels": kernels, "kernels-h100": lambda: kernels("kernels_h100_m512.json"),
+          "serve-decode": lambda: serve(DECODE_SERVE), "serve-distinct": lambda: serve(DISTINCT_SERVE),
+          "serve-sweep": lambda: serve(SWEEP_SERVE), "mma": mma, "speedups": speedups, "serving": serving, "serve": serve,
           "serve-fresh": lambda: serve(FRESH), "serve-profile": serve_profile, "serve-head": serve_head, "repack": repack, "host-path": host_path, "lm-head": lm_head, "lm-head-speed": lm_head_speed, "layout-scales": layout_scales, "serve-budget": serve_budget, "serve-h100": serve_h100, "plan-vllm": plan_vllm, "cpu": cpu, "cpu-models": cpu_models, "domains": domains, "domains-headline": domains_headline,
           "vllm": vllm, "a8": a8, "ptq": ptq, "quality": quality, "decode": decode, "decode-plots": decode_plots,
           "serve-plot": serve_plot}
