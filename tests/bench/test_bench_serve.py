@@ -519,10 +519,11 @@ def main(args):
 def test_a_server_warm_up_and_levels_share_one_client(tmp_path: Path, monkeypatch) -> None:
     from trit.bench import serve
 
-    clients = []
+    clients, tokenizers = [], []
 
     def run(self, cmd, timeout):
         clients.append(self)  # kept alive: no two clients share an id
+        tokenizers.append(cmd[cmd.index("--tokenizer") + 1])
         _write_result(cmd, 4, 10.0)
         return subprocess.CompletedProcess(cmd, 0, "", "")
 
@@ -535,4 +536,10 @@ def test_a_server_warm_up_and_levels_share_one_client(tmp_path: Path, monkeypatc
     ids = [id(c) for c in clients]
     assert len(ids) == 6 and len(set(ids[:3])) == 1 and len(set(ids[3:])) == 1  # warm-up + 2 levels
     assert ids[0] != ids[3]  # each server its own
-    assert all(lv["completed"] == 4 for sv in json.loads(out.read_text())["servers"] for lv in sv["levels"])
+    servers = json.loads(out.read_text())["servers"]
+    assert all(lv["completed"] == 4 for sv in servers for lv in sv["levels"])
+    # the server and its client both take the tokenizer from its own folder, not the model folder's config
+    for i, sv in enumerate(servers):
+        given = str(serve.tokenizer_folder(serve.model_folder("tiny", sv["weights"])))
+        assert sv["args"][sv["args"].index("--tokenizer") + 1] == given
+        assert tokenizers[3 * i:3 * i + 3] == [given] * 3

