@@ -137,10 +137,12 @@ def speedups() -> str:
             sums = d["summed_speedup_vs_bf16"]
             lines.append(f"| {model} | {gpu} | " + " | ".join(
                 f"x{sums[f'{model} M={m}']:.2f}" if f"{model} M={m}" in sums else "-" for m in ms) + " |")
+            # format v1's row where every layer of every M this run measured has its time ("-" at an M it did not)
             sel = {m: [r for r in d["rows"] if r["model"] == model and r["m"] == m] for m in ms}
-            if all(rows and all(r.get("v1_us") for r in rows) for rows in sel.values()):
+            if all(all(r.get("v1_us") for r in rows) for rows in sel.values()) and any(sel.values()):
                 lines.append(f"| {model}, format v1 (`TRIT_LAYOUT=v1`) | {gpu} | " + " | ".join(
-                    f"x{sum(r['bf16_us'] for r in sel[m]) / sum(r['v1_us'] for r in sel[m]):.2f}" for m in ms) + " |")
+                    f"x{sum(r['bf16_us'] for r in sel[m]) / sum(r['v1_us'] for r in sel[m]):.2f}" if sel[m] else "-"
+                    for m in ms) + " |")
     lines += ["", "bf16 cuBLAS time / trit time, each run against bf16 on its own card, CUDA graphs, weights rotated "
               "past the L2: " + "; ".join(f"{d['device']}, `benchmarks/results/{name}` ({when})" for name, _, when, d in runs)
               + ". The runs differ in card, tree and tuning at once, so their rows do not compare the cards."]
