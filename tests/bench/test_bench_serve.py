@@ -140,12 +140,21 @@ def test_a_profiled_start_that_fails_says_so_in_its_profile(tmp_path: Path, monk
             return False
 
     monkeypatch.setattr(serve, "VllmServer", FailingServer)
+    monkeypatch.setattr(serve.Client, "start", lambda self: None)  # no client process
     args = serve.parse_args(["--models", "tiny", "--weights", "trit", "--starts", "2", "--profile", "2",
                              "--out", str(tmp_path / "serve.json")])
     first = serve.run_server("tiny", "trit", args, tmp_path, start=0)
     last = serve.run_server("tiny", "trit", args, tmp_path, start=1)
     assert first.error and first.profile is None  # not the start to be profiled: nothing was lost
     assert last.profile == {"concurrency": 2, "error": f"the profiled start failed: {last.error}"}
+
+
+def _stand_in_client(monkeypatch, run) -> None:
+    """``serve.Client`` answering each run with ``run(self, cmd, timeout)``, and starting no process."""
+    from trit.bench import serve
+
+    monkeypatch.setattr(serve.Client, "run", run)
+    monkeypatch.setattr(serve.Client, "start", lambda self: None)
 
 
 class _UpServer:
@@ -189,6 +198,7 @@ def test_a_run_cut_short_keeps_its_levels_and_memory_peak(tmp_path: Path, monkey
 
     monkeypatch.setattr(serve, "VllmServer", UpServer)
     monkeypatch.setattr(serve, "run_client", client)
+    monkeypatch.setattr(serve.Client, "start", lambda self: None)  # no client process
     monkeypatch.setattr(serve, "_MemoryPoll", Poll)
     monkeypatch.setattr(serve, "_gpu_total_mib", lambda: 1000.0)
     out = tmp_path / "serve.json"
@@ -281,7 +291,7 @@ def test_each_level_asks_for_prompts_of_its_own(tmp_path: Path, monkeypatch) -> 
         seeds.append(int(cmd[cmd.index("--seed") + 1]))
         return subprocess.CompletedProcess(cmd, 3, "", "")
 
-    monkeypatch.setattr(serve.Client, "run", lambda self, cmd, timeout: fake_run(cmd))
+    _stand_in_client(monkeypatch, lambda self, cmd, timeout: fake_run(cmd))
     for profile in (False, True):
         for c in (1, 16, 64):
             level = serve.Level(c, 4)
@@ -366,7 +376,7 @@ def test_the_prefix_cache_share_is_read_from_vllms_counters(tmp_path: Path, monk
         return subprocess.CompletedProcess(cmd, 0, "", "")
 
     monkeypatch.setattr(urllib.request, "urlopen", Page)
-    monkeypatch.setattr(serve.Client, "run", lambda self, cmd, timeout: client(cmd))
+    _stand_in_client(monkeypatch, lambda self, cmd, timeout: client(cmd))
     level = serve.Level(4, 8)
     serve.run_client("http://127.0.0.1:1", tmp_path, level, 32, 8, tmp_path, timeout=60)
     assert level.error is None and level.prefix_cache_hit_rate == 500 / 2000  # summed over engines, the difference
@@ -519,7 +529,7 @@ def main(args):
 def test_a_server_warm_up_and_levels_share_one_client(tmp_path: Path, monkeypatch) -> None:
     from trit.bench import serve
 
-    clients, tokenizers = [], []
+    clients, tokenizers, events = [], [], []
 
     def run(self, cmd, timeout):
         clients.append(self)  # kept alive: no two clients share an id
@@ -527,8 +537,14 @@ def test_a_server_warm_up_and_levels_share_one_client(tmp_path: Path, monkeypatc
         _write_result(cmd, 4, 10.0)
         return subprocess.CompletedProcess(cmd, 0, "", "")
 
-    monkeypatch.setattr(serve, "VllmServer", _UpServer)
-    monkeypatch.setattr(serve.Client, "run", run)
+    class Server(_UpServer):
+        def __enter__(self):
+            events.append("server up")
+            return self
+
+    monkeypatch.setattr(serve, "VllmServer", Server)
+    _stand_in_client(monkeypatch, run)
+    monkeypatch.setattr(serve.Client, "start", lambda self: events.append("client started"))
     monkeypatch.setattr(serve, "_gpu_total_mib", lambda: None)
     out = tmp_path / "serve.json"
     serve.main(["--models", "tiny", "--weights", "trit,bf16", "--concurrency", "1,4", "--num-prompts", "4",
@@ -536,6 +552,8 @@ def test_a_server_warm_up_and_levels_share_one_client(tmp_path: Path, monkeypatc
     ids = [id(c) for c in clients]
     assert len(ids) == 6 and len(set(ids[:3])) == 1 and len(set(ids[3:])) == 1  # warm-up + 2 levels
     assert ids[0] != ids[3]  # each server its own
+    # each client's process is started (vLLM imported) before its server is waited for, not after
+    assert events == ["client started", "server up"] * 2
     servers = json.loads(out.read_text())["servers"]
     assert all(lv["completed"] == 4 for sv in servers for lv in sv["levels"])
     # the server and its client both take the tokenizer from its own folder, not the model folder's config

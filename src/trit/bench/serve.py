@@ -122,12 +122,17 @@ class Client:
         threading.Thread(target=read, daemon=True).start()
         return proc
 
-    def run(self, argv: list[str], timeout: float) -> subprocess.CompletedProcess:
-        """One run of the client: exit status 0 when it returned, 1 when it raised, the process's own where it
-        ended (then its part of the log as the error, after its exit status)."""
+    def start(self) -> None:
+        """Start the process unless one is running (``with Client(...)`` does): it imports vLLM before it reads
+        its first run, so that the import overlaps whatever the caller waits for meanwhile (a server's start)."""
         if self.proc is None or self.proc.poll() is not None:
             self.close()
             self.proc = self._start()
+
+    def run(self, argv: list[str], timeout: float) -> subprocess.CompletedProcess:
+        """One run of the client: exit status 0 when it returned, 1 when it raised, the process's own where it
+        ended (then its part of the log as the error, after its exit status)."""
+        self.start()
         try:
             try:
                 self.proc.stdin.write(json.dumps(argv) + "\n")
@@ -181,6 +186,7 @@ class Client:
         return code
 
     def __enter__(self) -> Client:
+        self.start()
         return self
 
     def __exit__(self, *exc) -> None:
@@ -487,8 +493,9 @@ def run_server(shape: str, weights: str, args: argparse.Namespace, work: Path, s
     memory = _MemoryPoll()
     memory.start()
     try:
-        with VllmServer(folder, server_args, log_path, args.start_timeout) as vllm, \
-                Client(work / f"{shape}-{weights}.client.log") as client:
+        # the client's process imports vLLM while the server starts, instead of in the warm-up
+        with Client(work / f"{shape}-{weights}.client.log") as client, \
+                VllmServer(folder, server_args, log_path, args.start_timeout) as vllm:
             server.start_seconds = vllm.start_seconds
             _parse_log(vllm.log_text(), server)  # KV cache and weights: logged by now
             warm = Level(1, WARMUP_PROMPTS)
