@@ -93,8 +93,8 @@ class Client:
     waits for its answer: what the client printed, and if it failed, its traceback (after argparse's message where
     the arguments were refused). The process's stderr goes to ``log``."""
 
-    def __init__(self, log: Path) -> None:
-        self.log = log
+    def __init__(self, log: Path, start_early: bool = False) -> None:
+        self.log, self.start_early = log, start_early
         self.proc: subprocess.Popen | None = None
         self.answers: queue.Queue = queue.Queue()
         self.log_start = 0  # where the running process's part of the log begins
@@ -123,8 +123,8 @@ class Client:
         return proc
 
     def start(self) -> None:
-        """Start the process unless one is running (``with Client(...)`` does): it imports vLLM before it reads
-        its first run, so that the import overlaps whatever the caller waits for meanwhile (a server's start)."""
+        """Start the process unless one is running (also on entering ``with`` where ``start_early``): it imports
+        vLLM before it reads its first run, so that the import overlaps what the caller waits for meanwhile."""
         if self.proc is None or self.proc.poll() is not None:
             self.close()
             self.proc = self._start()
@@ -186,7 +186,8 @@ class Client:
         return code
 
     def __enter__(self) -> Client:
-        self.start()
+        if self.start_early:
+            self.start()
         return self
 
     def __exit__(self, *exc) -> None:
@@ -493,8 +494,9 @@ def run_server(shape: str, weights: str, args: argparse.Namespace, work: Path, s
     memory = _MemoryPoll()
     memory.start()
     try:
-        # the client's process imports vLLM while the server starts, instead of in the warm-up
-        with Client(work / f"{shape}-{weights}.client.log") as client, \
+        # on a GPU host the client's process imports vLLM while the server starts, instead of in the warm-up; on
+        # the 2-core CPU the two slowed each other more than that saved (serve-client/, docs/serving.md)
+        with Client(work / f"{shape}-{weights}.client.log", start_early=_gpu_total_mib() is not None) as client, \
                 VllmServer(folder, server_args, log_path, args.start_timeout) as vllm:
             server.start_seconds = vllm.start_seconds
             _parse_log(vllm.log_text(), server)  # KV cache and weights: logged by now
