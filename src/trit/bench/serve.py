@@ -93,8 +93,8 @@ class Client:
     waits for its answer: what the client printed, and if it failed, its traceback (after argparse's message where
     the arguments were refused). The process's stderr goes to ``log``."""
 
-    def __init__(self, log: Path, start_early: bool = False) -> None:
-        self.log, self.start_early = log, start_early
+    def __init__(self, log: Path) -> None:
+        self.log = log
         self.proc: subprocess.Popen | None = None
         self.answers: queue.Queue = queue.Queue()
         self.log_start = 0  # where the running process's part of the log begins
@@ -123,8 +123,8 @@ class Client:
         return proc
 
     def start(self) -> None:
-        """Start the process unless one is running (also on entering ``with`` where ``start_early``): it imports
-        vLLM before it reads its first run, so that the import overlaps what the caller waits for meanwhile."""
+        """Start the process unless one is running (also on entering ``with``): it imports vLLM before it reads
+        its first run, so that the import overlaps what the caller waits for meanwhile."""
         if self.proc is None or self.proc.poll() is not None:
             self.close()
             self.proc = self._start()
@@ -186,8 +186,7 @@ class Client:
         return code
 
     def __enter__(self) -> Client:
-        if self.start_early:
-            self.start()
+        self.start()
         return self
 
     def __exit__(self, *exc) -> None:
@@ -439,10 +438,10 @@ def run_client(url: str, folder: Path, level: Level, input_len: int, output_len:
             return run_client(url, folder, level, input_len, output_len, out_dir, timeout, profile, warmup, own)
     result = out_dir / f"client-c{level.concurrency}{'-profile' if profile else ''}{'-warmup' if warmup else ''}.json"
     level.seed = prompt_seed(level.concurrency, profile, warmup)
-    cmd = ["--backend", "vllm", "--base-url", url, "--model", str(folder),
-           "--tokenizer", str(tokenizer_folder(folder)), "--dataset-name", "random", "--random-input-len", str(input_len),
-           "--random-output-len", str(output_len), "--num-prompts", str(level.prompts),
-           "--max-concurrency", str(level.concurrency), "--ignore-eos", "--seed", str(level.seed),
+    cmd = ["--backend", "vllm", "--base-url", url, "--model", str(folder), "--tokenizer", str(tokenizer_folder(folder)),
+           "--dataset-name", "random", "--random-input-len", str(input_len), "--random-output-len", str(output_len),
+           "--num-prompts", str(level.prompts), "--max-concurrency", str(level.concurrency), "--ignore-eos",
+           "--seed", str(level.seed),
            "--percentile-metrics", "ttft,tpot,itl", "--metric-percentiles", "50,99", "--disable-tqdm",
            "--save-result", "--result-dir", str(out_dir), "--result-filename", result.name,
            *(["--profile"] if profile else [])]
@@ -496,7 +495,7 @@ def run_server(shape: str, weights: str, args: argparse.Namespace, work: Path, s
     try:
         # the client's process imports vLLM while the server starts, instead of in the warm-up (on the 2-core CPU
         # too: serve-client/early-start/, docs/serving.md)
-        with Client(work / f"{shape}-{weights}.client.log", start_early=True) as client, \
+        with Client(work / f"{shape}-{weights}.client.log") as client, \
                 VllmServer(folder, server_args, log_path, args.start_timeout) as vllm:
             server.start_seconds = vllm.start_seconds
             _parse_log(vllm.log_text(), server)  # KV cache and weights: logged by now
