@@ -449,8 +449,11 @@ def serve_profile() -> str:
     lines = ["| run | model | weights | concurrency | TPOT p50 ms, measured level / under the profiler | "
              "kernel time a step, us | trit / attention / GEMM / other, us | a decode step's GPU span, us | "
              "span / kernel time |", "|---|---|---|---|---|---|---|---|---|"]
-    for f in sorted((RESULTS / "serve-profile").glob("*.json")):
+    # the profile runs, then the sweep's runs that profiled a level (named with their folder)
+    files = sorted((RESULTS / "serve-profile").glob("*.json")) + sorted((RESULTS / SWEEP_SERVE).glob("*.json"))
+    for f in files:
         run = json.loads(f.read_text())
+        name = f.name if f.parent.name == "serve-profile" else f"{f.parent.name}/{f.name}"
         layout = run.get("env", {}).get("TRIT_LAYOUT") or "auto"
         for sv in run["servers"]:
             p = sv.get("profile")
@@ -462,7 +465,7 @@ def serve_profile() -> str:
             split = " / ".join(f"{by.get(g, 0):.0f}" for g in ("trit", "attention", "gemm", "other"))
             weights = sv["weights"] + (f" ({layout} layout)" if sv["weights"] == "trit" else "")
             span, step = p.get("decode_step_span_us"), p["us_per_step"]  # no span on a CPU clock, or no decode step
-            lines.append(f"| `{f.name}` | {sv['model']} | {weights} | {c} | "
+            lines.append(f"| `{name}` | {sv['model']} | {weights} | {c} | "
                          f"{'-' if measured is None else f'{measured:.2f}'} / {p['level']['tpot_ms']['median']:.2f} | "
                          f"{step:.0f} | {split} | {'-' if span is None else f'{span:.0f}'} | "
                          f"{'-' if span is None else f'x{span / step:.2f}'} |")
