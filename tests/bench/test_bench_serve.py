@@ -140,7 +140,7 @@ def test_a_profiled_start_that_fails_says_so_in_its_profile(tmp_path: Path, monk
             return False
 
     monkeypatch.setattr(serve, "VllmServer", FailingServer)
-    monkeypatch.setattr(serve.Client, "start", lambda self: None)  # no client process
+    _no_client_process(monkeypatch)
     args = serve.parse_args(["--models", "tiny", "--weights", "trit", "--starts", "2", "--profile", "2",
                              "--out", str(tmp_path / "serve.json")])
     first = serve.run_server("tiny", "trit", args, tmp_path, start=0)
@@ -149,12 +149,19 @@ def test_a_profiled_start_that_fails_says_so_in_its_profile(tmp_path: Path, monk
     assert last.profile == {"concurrency": 2, "error": f"the profiled start failed: {last.error}"}
 
 
+def _no_client_process(monkeypatch) -> None:
+    """``serve.Client`` starting no process (the tests that stand in for its runs or for ``run_client``)."""
+    from trit.bench import serve
+
+    monkeypatch.setattr(serve.Client, "start", lambda self: None)
+
+
 def _stand_in_client(monkeypatch, run) -> None:
     """``serve.Client`` answering each run with ``run(self, cmd, timeout)``, and starting no process."""
     from trit.bench import serve
 
     monkeypatch.setattr(serve.Client, "run", run)
-    monkeypatch.setattr(serve.Client, "start", lambda self: None)
+    _no_client_process(monkeypatch)
 
 
 class _UpServer:
@@ -198,7 +205,7 @@ def test_a_run_cut_short_keeps_its_levels_and_memory_peak(tmp_path: Path, monkey
 
     monkeypatch.setattr(serve, "VllmServer", UpServer)
     monkeypatch.setattr(serve, "run_client", client)
-    monkeypatch.setattr(serve.Client, "start", lambda self: None)  # no client process
+    _no_client_process(monkeypatch)
     monkeypatch.setattr(serve, "_MemoryPoll", Poll)
     monkeypatch.setattr(serve, "_gpu_total_mib", lambda: 1000.0)
     out = tmp_path / "serve.json"
