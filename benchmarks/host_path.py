@@ -54,14 +54,13 @@ def host_us(fn, calls: int, reps: int, sleep_cycles: int) -> tuple[float, bool]:
 
 
 def problem(n: int, k: int, m: int, args) -> dict:
-    from trit.bench.kernels import GROUP, ternary_layer
+    from trit.bench.kernels import GROUP, layout_of, ternary_layer
     from trit.kernels import tuning
-    from trit.kernels.cuda import launch
     from trit.kernels.cuda import mma as cmma
 
     x = torch.randn(m, k, device="cuda", dtype=torch.bfloat16)
     packed, scale = ternary_layer(n, k)
-    tiled = launch.tile_refusal(x.device, x.dtype, GROUP, k, False, n) is None
+    tiled = layout_of(n, k, x.device) == "mma"
     if tiled:
         r = cmma.repack(packed, scale, GROUP, k)
         op = "trit::linear_tiled"

@@ -3,8 +3,8 @@
     PYTHONPATH=src python benchmarks/repack_time.py --models llama3-8b,27b --out $OUT/repack.json
 
 For each model shape it builds the ternary model with random weights on the
-GPU in format v1 (``trit.synthetic.random_model(..., tile=False)``, no
-checkpoint read), then times :func:`trit.nn.tile` on it as the loader runs it
+GPU in format v1 (``trit.synthetic.random_model(..., prepare=False)``, no
+checkpoint read), then times :func:`trit.nn.prepare` on it as the loader runs it
 (every layer that ``TRIT_LAYOUT``'s rule admits is repacked, in place of its
 format-v1 buffers), synchronised, twice, each on a fresh model (the
 process's first call also pays CUDA's one-time setup of the kernels the
@@ -13,7 +13,7 @@ records the seconds, the layers and weights repacked, the allocated memory
 before and after and the peak during the repack. The vLLM plugin repacks
 with the same function, one layer at a time, in
 ``process_weights_after_loading``, but on vLLM's merged layers (qkv as one,
-gate and up as one), so the size rule (``launch.TILE_MIN_WEIGHTS``) can admit
+gate and up as one), so the size rule (``trit.linear.TILE_MIN_WEIGHTS``) can admit
 a larger set there than here (the results file was made under the 40 Mi rule:
 the 27B shape's merged qkv, 44M weights, was repacked there and not here).
 """
@@ -31,23 +31,23 @@ from pathlib import Path
 import torch
 
 from trit.bench.decode import SHAPES, hf_config, trit_config
-from trit.nn import TritLinear, tile
+from trit.nn import TritLinear, prepare
 from trit.synthetic import random_model
 
 
 def one(shape: str) -> dict:
-    model = random_model(hf_config(shape), trit_config(), "cuda", torch.bfloat16, tile=False)
+    model = random_model(hf_config(shape), trit_config(), "cuda", torch.bfloat16, prepare=False)
     layers = [m for m in model.modules() if isinstance(m, TritLinear)]
     torch.cuda.synchronize()
     before = torch.cuda.memory_allocated()
     torch.cuda.reset_peak_memory_stats()
     t = time.perf_counter()
-    done, why = tile(model, torch.bfloat16)
+    done, why = prepare(model, torch.bfloat16)
     torch.cuda.synchronize()
     seconds = time.perf_counter() - t
     res = dict(
         seconds=seconds, layers=len(layers), layers_repacked=done, refusal_of_the_others=why,
-        weights_repacked=sum(m.in_features * m.out_features for m in layers if m.tiled),
+        weights_repacked=sum(m.in_features * m.out_features for m in layers if m.layout == "mma"),
         weights_ternary=sum(m.in_features * m.out_features for m in layers),
         allocated_gib_before=before / 2**30, allocated_gib_after=torch.cuda.memory_allocated() / 2**30,
         peak_gib_during=torch.cuda.max_memory_allocated() / 2**30,

@@ -39,7 +39,8 @@ def first_divergence(a: list[int], b: list[int]) -> int:
 
 def tiled_layers(model) -> list[int]:
     """(layers the plugin repacked to the mma layout, trit layers): run inside vLLM's worker by ``apply_model``."""
-    flags = [getattr(m, "trit_tiled", getattr(m, "tiled", None)) for m in model.modules()]
+    flags = [getattr(m, "trit_kernel", None) for m in model.modules()]
+    flags = [None if k is None else k.name == "mma" for k in flags]
     return [sum(f is True for f in flags), sum(f is not None for f in flags)]
 
 

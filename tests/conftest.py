@@ -164,14 +164,13 @@ os.environ["TRIT_CALIB_CACHE"] = os.path.join(_SESSION_CACHE, "calib")
 
 @pytest.fixture(autouse=True)
 def _fresh_kernel_choices():
-    """A test's patched tuned tables or kernel switches leave no cached kernel choices behind: set up before the
-    test's monkeypatch, this runs after monkeypatch has put the tables back, and makes the choices cached
-    meanwhile (``registry._choose``, keyed by the tables' generation) stale."""
+    """A test's patched tuned tables or kernel switches leave nothing worked out from them behind: set up before the
+    test's monkeypatch, this runs after monkeypatch has put the tables back, and empties the one cache of kernel
+    choices, launch plans and warmed shapes (``tuning.memo``)."""
     yield
     tuning = sys.modules.get("trit.kernels.tuning")
     if tuning is not None:
-        with tuning._LOCK:
-            tuning._bump()
+        tuning.forget()
 
 
 def pytest_sessionfinish(session: pytest.Session, exitstatus: int) -> None:

@@ -25,6 +25,7 @@ LAYERS: list[list[str]] = [
     ["trit.kernels.cuda"],
     ["trit.kernels.registry", "trit.kernels.int8_rows", "trit.kernels"],  # the package's own __init__: a docstring
     ["trit.ops"],
+    ["trit.linear"],  # the one layer object: runtime, transformers and vLLM hold and run a layer through it
     ["trit.nn", "trit.vllm"],
     ["trit.runtime", "trit.synthetic", "trit.calibrate", "trit.hf"],
     ["trit.convert", "trit.w4a8"],
@@ -108,11 +109,53 @@ def test_no_import_circle() -> None:
             visit(node)
 
 
-def test_the_vllm_plugin_stands_on_format_checkpoint_arch_and_ops() -> None:
+def test_the_vllm_plugin_stands_on_format_checkpoint_arch_and_the_layer_object() -> None:
     # and the int8 output layer's product, which the plugin's head method calls as the runtime's module does
-    allowed = ("trit.format", "trit.checkpoint", "trit.arch", "trit.ops", "trit.errors", "trit.vllm",
+    allowed = ("trit.format", "trit.checkpoint", "trit.arch", "trit.linear", "trit.errors", "trit.vllm",
                "trit.kernels.int8_rows")
     for module, imported in _graph().items():
         if module.startswith("trit.vllm"):
             extra = sorted(t for t in imported if not t.startswith(allowed) and t != "trit")
             assert not extra, f"{module} imports {extra}"
+
+
+def _defined_in(path: Path) -> set[str]:
+    """The names a module defines itself (functions, classes, assigned names), not those it imports."""
+    out: set[str] = set()
+    for node in ast.parse(path.read_text()).body:
+        if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef)):
+            out.add(node.name)
+        elif isinstance(node, (ast.Assign, ast.AnnAssign)):
+            targets = node.targets if isinstance(node, ast.Assign) else [node.target]
+            out |= {t.id for t in targets if isinstance(t, ast.Name)}
+    return out
+
+
+def test_no_module_reaches_kernel_internals_through_ops() -> None:
+    """``trit.ops`` defines the custom ops; whatever else it imports is its own business, never a re-export."""
+    ops_names = _defined_in(SRC / "trit" / "ops.py")
+    wrong = []
+    for path in sorted(SRC.rglob("*.py")):
+        for node in ast.walk(ast.parse(path.read_text())):
+            if isinstance(node, ast.ImportFrom) and node.module == "trit.ops":
+                wrong += [f"{_module_name(path)}: from trit.ops import {a.name}" for a in node.names
+                          if a.name not in ops_names]
+            elif (isinstance(node, ast.Attribute) and isinstance(node.value, ast.Attribute)
+                  and isinstance(node.value.value, ast.Name) and node.value.value.id == "trit"
+                  and node.value.attr == "ops" and node.attr not in ops_names):
+                wrong.append(f"{_module_name(path)}: trit.ops.{node.attr}")
+    assert not wrong, "kernel internals reached through trit.ops:\n" + "\n".join(wrong)
+    assert "noqa: F401" not in (SRC / "trit" / "ops.py").read_text()  # no re-export kept alive for others
+
+
+def test_every_load_path_reaches_the_kernels_through_the_layer_object() -> None:
+    """The runtime's layer, transformers' quantizer (through the runtime's prepare) and the vLLM plugin hold and
+    run a ternary layer through trit.linear; none of them calls the ops or the kernels' layouts itself."""
+    for module in ("trit.nn", "trit.vllm.config", "trit.hf", "trit.runtime.loader"):
+        path = SRC / Path(*module.split(".")).with_suffix(".py")
+        imported = _imports(path, module)
+        assert not any(t == "trit.ops" or t.startswith("trit.kernels.cuda") or t == "trit.kernels.registry"
+                       for t in imported), f"{module} imports {sorted(imported)}"
+    graph = _graph()
+    assert "trit.linear" in graph["trit.nn"] and "trit.linear" in graph["trit.vllm.config"]
+    assert "trit.nn" in graph["trit.hf"] and "trit.nn" in graph["trit.runtime.loader"]

@@ -1,5 +1,4 @@
-"""``trit::linear`` and ``trit::linear_tiled`` on the CPU: int8 activations, gradients, the fake implementations,
-layers repacked into the mma layout."""
+"""``trit::linear`` and ``trit::linear_tiled`` on the CPU: int8 activations, gradients, the fake implementations."""
 
 from __future__ import annotations
 
@@ -62,43 +61,6 @@ def test_torch_compile_fullgraph_on_cpu() -> None:
     assert layers[0].bias.grad is not None
 
 
-def test_warm_up_runs_each_size_once_a_shape(monkeypatch) -> None:
-    from trit.synthetic import random_packed
-
-    g = torch.Generator().manual_seed(0)
-    packed, scale = random_packed((24, 40), "cpu", g), torch.full((24, 3), 0.1, dtype=torch.float16)  # K=160, g64
-    calls = []
-    monkeypatch.setattr(ops, "linear", lambda x, *a: calls.append(tuple(x.shape)) or x.new_zeros(x.shape[0], 24))
-    assert ops.warm_up(150, (packed, scale), 64, torch.float32, ms=(1, 17)) == 2
-    assert calls == [(1, 150), (17, 150)]
-    assert ops.warm_up(150, (packed, scale), 64, torch.float32, ms=(1, 17)) == 0  # this shape is warm
-    assert ops.warm_up(150, (packed[:8], scale[:8]), 64, torch.float32, ms=(1, 17)) == 2  # another is not
-
-
-def test_warm_up_wanted_follows_the_device_and_trit_warmup(monkeypatch) -> None:
-    monkeypatch.delenv("TRIT_WARMUP", raising=False)
-    assert ops.warm_up_wanted(torch.device("cuda")) and not ops.warm_up_wanted(torch.device("cpu"))
-    monkeypatch.setenv("TRIT_WARMUP", "0")
-    assert not ops.warm_up_wanted(torch.device("cuda"))
-    monkeypatch.setenv("TRIT_WARMUP", "1")
-    assert ops.warm_up_wanted(torch.device("cpu"))
-
-
-def test_warm_up_of_a_model_calls_the_real_op_on_every_plane() -> None:
-    from transformers import AutoConfig
-
-    from trit.nn import warm_up
-    from trit.synthetic import random_model
-
-    cfg = AutoConfig.for_model("llama", hidden_size=64, intermediate_size=96, num_hidden_layers=2,
-                               num_attention_heads=4, num_key_value_heads=2, vocab_size=50)
-    model = random_model(cfg, fmt.TritConfig(group_size=32, planes=2), "cpu", torch.float32, seed=3)
-    # distinct (in, out) shapes: q/o 64->64, k/v 64->32, gate/up 64->96, down 96->64; a second plane has
-    # its first's shape, so it compiles nothing new
-    assert warm_up(model, torch.float32) == 4 * len(ops.WARM_UP_MS)
-    assert warm_up(model, torch.float32) == 0
-
-
 def test_custom_op_passes_opcheck() -> None:
     packed, scale = seeded_layer(24, 64, 32)
     x = torch.randn(2, 3, 64)
@@ -142,49 +104,11 @@ def test_the_tiled_op_passes_gradients_to_activations_and_bias() -> None:
     torch.testing.assert_close(b.grad, b2.grad, rtol=1e-4, atol=1e-4)
 
 
-def test_a_tiled_layer_computes_the_same_and_refuses_to_save() -> None:
-    import pytest
-
-    model = trit_mlp(96, 64, 32, torch.float32)
-    x = torch.randn(3, 96)
-    first = model[0]
-    assert "CUDA, not cpu" in first.tile_refusal(torch.bfloat16)
-    for layer in (model[0], model[2]):
-        layer.weight_scale.copy_(layer.weight_scale.to(torch.bfloat16))  # the layout's scales are bf16
-    want = model(x)
-    for layer in (model[0], model[2]):
-        layer.tile()
-    assert first.tiled and "layout=mma" in repr(first) and not hasattr(first, "weight_packed")
-    torch.testing.assert_close(model(x), want, rtol=1e-5, atol=1e-5)
-    with pytest.raises(RuntimeError, match="mma layout"):
-        model.state_dict()
-    with pytest.raises(RuntimeError, match="mma layout"):
-        first.planes_tensors()
-    assert first.tile_refusal(torch.bfloat16) == "tiled already"
-    compiled = torch.compile(model, fullgraph=True, backend="aot_eager")
-    torch.testing.assert_close(compiled(x), want, rtol=1e-5, atol=1e-5)
-    assert ops.warm_up(96, first.planes_for_forward()[0], 32, torch.float32, ms=(1, 5)) == 2
-
-
-def test_tile_refusal_says_why_a_layer_stays_in_format_v1(monkeypatch) -> None:
-    import pytest
-
-    cpu, cuda = torch.device("cpu"), torch.device("cuda", 0)
-    assert "CUDA, not cpu" in ops.tile_refusal(cpu, torch.bfloat16, 64, 576, False)
-    assert "bf16" in ops.tile_refusal(cuda, torch.float16, 64, 576, False)
-    assert "int8" in ops.tile_refusal(cuda, torch.bfloat16, 64, 576, True)
-    assert "group size 256" in ops.tile_refusal(cuda, torch.bfloat16, 256, 576, False)
-    assert "multiple of 8" in ops.tile_refusal(cuda, torch.bfloat16, 64, 580, False)
-    assert "format v1's Triton kernels are as fast" in ops.tile_refusal(cuda, torch.bfloat16, 64, 4096, False, 4096)
-    # Llama-3-8B's qkv (24Mi weights) is over the line: whatever else refuses it, the size does not
-    assert "format v1's Triton kernels" not in (ops.tile_refusal(cuda, torch.bfloat16, 64, 4096, False, 6144) or "")
-    # Qwen2-1.5B's gate_up (26Mi weights, K = 1536) is large enough but has too few inputs
-    assert "K = 1536 < 2048" in ops.tile_refusal(cuda, torch.bfloat16, 64, 1536, False, 17920)
-    monkeypatch.setenv("TRIT_LAYOUT", "v1")
-    assert ops.tile_refusal(cuda, torch.bfloat16, 64, 576, False) == "TRIT_LAYOUT=v1"
-    monkeypatch.setenv("TRIT_LAYOUT", "mma")  # forced: any device and dtype the layout can hold
-    assert ops.tile_refusal(cpu, torch.float32, 64, 576, False) is None
-    assert "group size 256" in ops.tile_refusal(cpu, torch.float32, 256, 576, False)
-    monkeypatch.setenv("TRIT_LAYOUT", "tiles")
-    with pytest.raises(ValueError, match="TRIT_LAYOUT='tiles'"):
-        ops.tile_refusal(cuda, torch.bfloat16, 64, 576, False)
+def test_the_tiled_op_with_int8_activations_equals_the_reference() -> None:
+    packed, scale, r = _tiled_layer()
+    x, b = torch.randn(3, 576), torch.randn(40)
+    y = ops.linear_tiled(x, r.wq, r.sc, 40, 64, b, True)  # off CUDA: the reference, on x_q / s
+    want = reference.linear_a8(x, packed, scale.to(torch.bfloat16).float(), 64, b)
+    torch.testing.assert_close(y, want, rtol=1e-5, atol=1e-5)
+    assert (ops.linear_tiled(x, r.wq, r.sc, 40, 64, b) - want).abs().max() > 1e-4  # the flag is not ignored
+    torch.library.opcheck(torch.ops.trit.linear_tiled.default, (x, r.wq, r.sc, 40, 64, b, True))

@@ -12,20 +12,20 @@ CFG = dict(hidden_size=64, intermediate_size=96, num_hidden_layers=2, num_attent
            vocab_size=50)
 
 
-def _model(tile: bool):
+def _model(prepare: bool):
     return random_model(AutoConfig.for_model("llama", **CFG), fmt.TritConfig(group_size=32), "cpu", torch.float32,
-                        seed=5, tile=tile)
+                        seed=5, prepare=prepare)
 
 
 def _tiled(model) -> list[bool]:
-    return [m.tiled for m in model.modules() if isinstance(m, TritLinear)]
+    return [m.layout == "mma" for m in model.modules() if isinstance(m, TritLinear)]
 
 
 def test_random_model_is_repacked_where_the_layout_rule_admits_it(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setenv("TRIT_LAYOUT", "auto")  # the default: the CPU keeps format v1
-    assert not any(_tiled(_model(tile=True)))
+    assert not any(_tiled(_model(prepare=True)))
     monkeypatch.setenv("TRIT_LAYOUT", "mma")  # forced: every layer, the reference computes them on the CPU
-    tiled, flat = _model(tile=True), _model(tile=False)
+    tiled, flat = _model(prepare=True), _model(prepare=False)
     assert all(_tiled(tiled)) and len(_tiled(tiled)) == 14 and not any(_tiled(flat))
     for m in flat.modules():  # the layout holds the scales in bf16: the one rounding it adds
         if isinstance(m, TritLinear):
@@ -40,13 +40,13 @@ def test_random_model_hands_its_dtype_to_the_repack_and_leaves_a_float_model_alo
     import trit.nn
 
     calls = []
-    monkeypatch.setattr(trit.nn, "tile", lambda model, dtype: calls.append(dtype) or (0, None))
+    monkeypatch.setattr(trit.nn, "prepare", lambda model, dtype: calls.append(dtype) or (0, None))
     cfg = AutoConfig.for_model("llama", **CFG)
     random_model(cfg, fmt.TritConfig(group_size=32), "cpu", torch.bfloat16, seed=5)
     assert calls == [torch.bfloat16]
-    random_model(cfg, fmt.TritConfig(group_size=32), "cpu", torch.bfloat16, seed=5, tile=False)
+    random_model(cfg, fmt.TritConfig(group_size=32), "cpu", torch.bfloat16, seed=5, prepare=False)
     plain = random_model(cfg, None, "cpu", torch.float32, seed=5)
-    assert calls == [torch.bfloat16]  # neither tile=False nor a float model repacks
+    assert calls == [torch.bfloat16]  # neither prepare=False nor a float model repacks
     assert not any(isinstance(m, TritLinear) for m in plain.modules())
 
 

@@ -320,9 +320,11 @@ def _bench_parser(sub) -> None:
     k = _command(bsub, "kernels", "trit::linear against bf16 cuBLAS on Llama-3-8B, Qwen2-1.5B and 27B layer shapes",
                  "CUDA-graph replays, weights rotated past the L2, the copy bandwidth of the same run; tunes each\n"
                  "problem's kernel configs first unless told not to. A table written with --tuned-out and copied\n"
-                 "into src/trit/kernels/tuned/ ships: h200.json is read on every GPU, any other table on a GPU\n"
-                 "of the model named in its device field (h100.json on an H100), after h200.json.",
-                 "trit bench kernels --tune-ms 4,16,64 --out benchmarks/results --tuned-out h200.json")
+                 "into src/trit/kernels/tuned/ ships: it is read only on a GPU of the model named in its device\n"
+                 "field (h100.json on an H100); a GPU without one runs the rules of thumb. --explain prints, for\n"
+                 "each layer and M, the layout and kernel this machine would choose and why, and times nothing.",
+                 "trit bench kernels --tune-ms 4,16,64 --out benchmarks/results --tuned-out h200.json\n"
+                 "  trit bench kernels --explain --models llama3-8b --ms 1,64 --activations int8")
     k.add_argument("--out", type=Path, default=Path("benchmarks/results"), help="folder for kernels.json/png")
     k.add_argument("--quick", action="store_true", help="M in {1, 4} only")
     k.add_argument("--ms", default=None, help="the M values, comma-separated (default: 1,4,16,64,128,256,512,2048)")
@@ -337,6 +339,10 @@ def _bench_parser(sub) -> None:
                    help="compare each problem's time with this baseline (regression guard); exit 1 on a regression")
     k.add_argument("--write-baseline", type=Path, default=None, help="record this run as a baseline")
     k.add_argument("--tolerance", type=float, default=0.05, help="allowed slow-down, relative")
+    k.add_argument("--explain", action="store_true", help="print each layer's layout and kernel choice with "
+                   "the reasons, on this machine; time nothing")
+    k.add_argument("--activations", choices=["bf16", "int8"], default="bf16",
+                   help="with --explain: the activations the layers take (int8: W1.58A8)")
     c = _command(bsub, "check", "compare a result file already written with a baseline (regression guard)",
                  "A kernels.json or a trit bench serve JSON: each figure against the same key of the baseline.",
                  "trit bench check benchmarks/results/kernels.json --baseline benchmarks/baselines/kernels_h200.json")
@@ -500,9 +506,12 @@ def _dispatch(args: argparse.Namespace) -> int:
 
         return bench_a8(args.out)
     if args.command == "bench" and args.what == "kernels":
+        from trit.bench.kernels import explain
         from trit.bench.kernels import main as bench_kernels
 
         ms = tuple(int(m) for m in args.ms.split(",")) if args.ms else None
+        if args.explain:
+            return explain(tuple(args.models.split(",")) if args.models else None, ms, args.activations == "int8")
         tune_ms = tuple(int(m) for m in args.tune_ms.split(",")) if args.tune_ms else None
         return bench_kernels(args.out, quick=args.quick, tune=not args.no_tune, tuned_out=args.tuned_out, ms=ms,
                              tune_ms=tune_ms, baseline=args.baseline, write_baseline=args.write_baseline,

@@ -24,7 +24,7 @@ import torch
 from trit import format as fmt
 from trit.arch import is_decoder_linear
 from trit.kernels import int8_rows
-from trit.nn import TritLinear, swap_linears, tile, use_int8_head
+from trit.nn import TritLinear, prepare, swap_linears, use_int8_head
 
 _registered = False
 
@@ -70,7 +70,7 @@ def _classes():
                     for (packed, scale), suffixes in zip(mod.planes_tensors(), fmt.plane_suffixes(mod.planes)):
                         fmt.check_layer(name, packed, scale, qcfg.group_size, mod.out_features, mod.in_features,
                                         suffixes=suffixes)
-            tile(model, model.dtype)  # the CUDA kernels' layout, where they can run (TRIT_LAYOUT=v1 keeps format v1)
+            prepare(model, model.dtype)  # each layer's layout for inference (trit.linear), as trit.load does
             if int8_rows.head_choice(qcfg.lm_head) == "int8":  # the output layer as trit.load and vLLM serve it
                 use_int8_head(model, "config.json")
 

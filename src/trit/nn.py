@@ -6,24 +6,21 @@ from __future__ import annotations
 import torch
 from torch import nn
 
-import trit.ops  # registers torch.ops.trit.linear; warm_up
 from trit import format as fmt
+from trit import linear
 from trit.kernels import int8_rows
-from trit.kernels.cuda import launch as cuda_launch
-from trit.kernels.cuda import mma
 
 
 class TritLinear(nn.Module):
     """A linear layer whose weight is ternary codes (``weight_packed``) times group scales (``weight_scale``).
 
-    The codes and scales are buffers in the file layout of :mod:`trit.format`;
-    the forward pass is one call of ``torch.ops.trit.linear`` a trit-plane (:func:`trit.ops.linear_planes`). With
-    ``activation=INT8_PER_TOKEN`` the inputs are quantized to int8 per token
-    (BitNet's W1.58A8) inside the op.
+    The codes and scales are buffers in the file layout of :mod:`trit.format` (a pair a trit-plane), which a
+    fresh layer's forward reads (:class:`trit.linear.PackedLinear`: trainable and savable). With
+    ``activation=INT8_PER_TOKEN`` the inputs are quantized to int8 per token (BitNet's W1.58A8) inside the op.
 
-    :meth:`tile` repacks a loaded layer for inference into the CUDA kernels' mma layout
-    (:mod:`trit.kernels.cuda.mma`): the same weights, in place of the file layout's buffers, and the forward
-    pass calls ``torch.ops.trit.linear_tiled``. A tiled layer has no file-layout state to save.
+    :meth:`prepare` binds a loaded layer to the layout :mod:`trit.linear` chooses for inference, repacking it in
+    place (the CUDA kernels' mma layout where they run): a layer in another layout than format v1 has no
+    file-layout state to save.
     """
 
     def __init__(
@@ -49,68 +46,60 @@ class TritLinear(nn.Module):
             self.register_buffer(packed_name, torch.empty(p_shape, dtype=torch.uint8, device=device))
             self.register_buffer(scale_name, torch.empty(s_shape, dtype=scale_dtype, device=device))
         self.bias = nn.Parameter(torch.empty(out_features, dtype=dtype, device=device)) if bias else None
-        self.tiled = False
+        self.spec = linear.LinearSpec(out_features, in_features, group_size, planes, self.act_int8)
+        self.trit_kernel: linear.LinearKernel = linear.PackedLinear(self.spec)
+
+    @property
+    def layout(self) -> str:
+        """The layout the layer is held in: ``"v1"`` (as stored) or ``"mma"`` (repacked for the CUDA kernels)."""
+        return self.trit_kernel.name
 
     def planes_tensors(self) -> list[tuple[torch.Tensor, torch.Tensor]]:
-        """Each trit-plane's ``(packed, scale)`` buffers."""
-        if self.tiled:
-            raise RuntimeError("this layer is in the mma layout (TritLinear.tile): it has no format-v1 buffers")
-        return [(getattr(self, p), getattr(self, s)) for p, s in fmt.plane_suffixes(self.planes)]
+        """Each trit-plane's ``(packed, scale)`` buffers in format v1."""
+        if not isinstance(self.trit_kernel, linear.PackedLinear):
+            raise RuntimeError(f"this layer is in the {self.layout} layout (TritLinear.prepare): it has no format-v1 "
+                               "buffers")
+        return self.trit_kernel.planes(self)
 
-    def planes_for_forward(self) -> list[trit.ops.Plane]:
-        """What the forward pass multiplies by: each plane's ``(packed, scale)``, or its mma layout once tiled."""
-        if not self.tiled:
-            return self.planes_tensors()
-        return [mma.MmaWeights(getattr(self, f"tiles_{i}_codes"), getattr(self, f"tiles_{i}_scales"),
-                               self.out_features, self.in_features, self.group_size) for i in range(self.planes)]
-
-    def tile_refusal(self, dtype: torch.dtype) -> str | None:
-        """Why :meth:`tile` would leave this layer in format v1 for activations of ``dtype`` (``None``: it tiles)."""
-        if self.tiled:
-            return "tiled already"
-        device = getattr(self, fmt.plane_suffixes(self.planes)[0][0]).device
-        return cuda_launch.tile_refusal(device, dtype, self.group_size, self.in_features, self.act_int8,
-                                        self.out_features)
-
-    def tile(self) -> None:
-        """Repack every plane into the mma layout, in place of the format-v1 buffers (for inference)."""
-        for i, (packed_name, scale_name) in enumerate(fmt.plane_suffixes(self.planes)):
-            r = mma.repack(getattr(self, packed_name), getattr(self, scale_name), self.group_size, self.in_features)
-            self.register_buffer(f"tiles_{i}_codes", r.wq, persistent=False)
-            self.register_buffer(f"tiles_{i}_scales", r.sc, persistent=False)
-            delattr(self, packed_name)
-            delattr(self, scale_name)
-        self.tiled = True
-        self.register_state_dict_pre_hook(_refuse_tiled_state)
+    def prepare(self, dtype: torch.dtype) -> linear.LayoutChoice:
+        """Hold the loaded layer in the layout :func:`trit.linear.choose` picks for activations of ``dtype`` (once)."""
+        if not isinstance(self.trit_kernel, linear.PackedLinear):
+            raise RuntimeError(f"this layer is prepared already (the {self.layout} layout)")
+        device = getattr(self, fmt.PACKED_SUFFIX).device
+        choice = linear.prepare(self, self.spec, device, dtype)
+        if not isinstance(self.trit_kernel, linear.PackedLinear):
+            self.register_state_dict_pre_hook(_refuse_prepared_state)
+        return choice
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:  # (..., K) -> (..., N)
-        return trit.ops.linear_planes(x, self.planes_for_forward(), self.group_size, self.bias, self.act_int8)
+        return self.trit_kernel.apply(self, x, self.bias)
 
     def extra_repr(self) -> str:
         return (
             f"in_features={self.in_features}, out_features={self.out_features}, "
             f"group_size={self.group_size}, bias={self.bias is not None}, activation={self.activation.value}, "
-            f"planes={self.planes}" + (", layout=mma" if self.tiled else "")
+            f"planes={self.planes}" + (f", layout={self.layout}" if self.layout != "v1" else "")
         )
 
 
-def _refuse_tiled_state(module: nn.Module, prefix: str, keep_vars: bool) -> None:
-    raise RuntimeError(f"{prefix.rstrip('.') or 'the layer'} is in the mma layout for inference (TritLinear.tile): "
-                       f"it has no format-v1 state to save; load with TRIT_LAYOUT=v1 to save or train")
+def _refuse_prepared_state(module: nn.Module, prefix: str, keep_vars: bool) -> None:
+    raise RuntimeError(f"{prefix.rstrip('.') or 'the layer'} is in the {module.layout} layout for inference "
+                       "(TritLinear.prepare): it has no format-v1 state to save; load with TRIT_LAYOUT=v1 to save "
+                       "or train")
 
 
-def tile(model: nn.Module, dtype: torch.dtype) -> tuple[int, str | None]:
-    """:meth:`TritLinear.tile` every ternary layer that can be: (layers tiled, why the first refused one was not)."""
-    done, why = 0, None
+def prepare(model: nn.Module, dtype: torch.dtype) -> tuple[int, str | None]:
+    """:meth:`TritLinear.prepare` every ternary layer: (layers held in another layout than format v1, why the
+    first one left in format v1 was)."""
+    moved, why = 0, None
     for mod in model.modules():
         if isinstance(mod, TritLinear):
-            reason = mod.tile_refusal(dtype)
-            if reason is None:
-                mod.tile()
-                done += 1
-            elif why is None:
-                why = reason
-    return done, why
+            choice = mod.prepare(dtype)
+            if mod.layout != "v1":
+                moved += 1
+            elif why is None and choice.refused:
+                why = choice.refused[0][1]
+    return moved, why
 
 
 def use_int8_head(model: nn.Module, where: str) -> None:
@@ -182,10 +171,6 @@ class W4A8Linear(nn.Module):
 
 
 def warm_up(model: nn.Module, dtype: torch.dtype) -> int:
-    """:func:`trit.ops.warm_up` for every distinct :class:`TritLinear` shape of ``model``; the calls made."""
-    calls = 0
-    for mod in model.modules():
-        if isinstance(mod, TritLinear):
-            for plane in mod.planes_for_forward():
-                calls += trit.ops.warm_up(mod.in_features, plane, mod.group_size, dtype, mod.act_int8)
-    return calls
+    """:meth:`trit.linear.LinearKernel.warm_up` for every distinct :class:`TritLinear` shape of ``model``; the calls
+    made."""
+    return sum(mod.trit_kernel.warm_up(mod, dtype) for mod in model.modules() if isinstance(mod, TritLinear))

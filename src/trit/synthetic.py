@@ -155,15 +155,15 @@ def random_packed(shape: tuple[int, ...], device: str | torch.device,
 
 def random_model(
     config, trit_config=None, device: str | torch.device = "cpu", dtype: torch.dtype = torch.bfloat16,
-    seed: int = 0, std: float = 0.02, tile: bool = True,
+    seed: int = 0, std: float = 0.02, prepare: bool = True,
 ):
     """A transformers causal LM of ``config`` with random weights made on ``device``: no checkpoint, no float copy.
 
     With ``trit_config`` every decoder linear layer is a :class:`~trit.nn.TritLinear` holding random valid
     codes and scales of about ``std`` (the layout a converted checkpoint would have); without it the model
     is the plain float one. Norm weights are 1. For benchmarks of whole models at sizes no test could save.
-    With ``tile`` (the default) the ternary layers are then repacked as the loader repacks them
-    (:func:`trit.nn.tile`: on CUDA, the layers ``TRIT_LAYOUT``'s rule admits), so the model runs what a loaded
+    With ``prepare`` (the default) the ternary layers are then held as the loader holds them
+    (:func:`trit.nn.prepare`: on CUDA, the mma layout where its rule wants it), so the model runs what a loaded
     one runs.
     """
     from torch import nn
@@ -195,8 +195,8 @@ def random_model(
     if getattr(config, "tie_word_embeddings", False):
         model.tie_weights()
     materialize_buffers(model, device)
-    if trit_config is not None and tile:
-        from trit.nn import tile as tile_layers
+    if trit_config is not None and prepare:
+        from trit.nn import prepare as prepare_layers
 
-        tile_layers(model, dtype)
+        prepare_layers(model, dtype)
     return model.eval()

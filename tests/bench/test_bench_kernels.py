@@ -76,3 +76,20 @@ def test_the_mma_layouts_kernels_are_tuned_each_in_its_range_with_dequantize_bes
     assert kernels.tiled_kernels(above, False) == []
     assert kernels.tiled_kernels(wgmma.TUNE_MAX_M + 1, True) == []
     assert kernels.tiled_kernels(mma.TUNE_MAX_M, False) == ["cuda_mma", "cuda_dequant_cublas"]
+
+
+def test_explain_prints_each_layers_layout_and_kernel_with_every_candidates_answer() -> None:
+    from conftest import trit
+
+    out = trit("bench", "kernels", "--explain", "--models", "qwen2-1.5b", "--ms", "1,300", "--activations",
+               "int8").stdout
+    assert "int8 per token (W1.58A8)" in out
+    blocks = out.split("\n\n")[1:]
+    assert len(blocks) == len(kernels.SHAPES["qwen2-1.5b"])  # one a layer shape
+    for block in blocks:
+        assert "mma: cannot: the mma layout's kernels run on CUDA, not cpu\n  v1: chosen" in block
+        assert "M=1: cpu_native" in block and "M=300: cpu_words" in block
+        assert "cpu_native: can; the rule of thumb (no tuned choice) passes it over: M = 300 > 16" in block
+        assert block.count("chosen (the rule of thumb)") == 2
+    bad = trit("bench", "kernels", "--explain", "--models", "gpt5", check=False)
+    assert bad.returncode == 2 and "no layer shapes for gpt5" in bad.stderr

@@ -30,7 +30,7 @@ CASES = [(40, 576, 64, 1), (33, 576, 32, 3), (17, 128, -1, 5), (48, 576, 128, 9)
 def test_matches_the_reference(native, n: int, k: int, group: int, m: int) -> None:
     packed, scale = seeded_layer(n, k, group, seed=n + k)
     x, bias = torch.randn(m, k) * 3, torch.randn(n)
-    assert native.refuse(m, packed.shape[1] * 4, group, torch.float32) is None
+    assert native.refuse(packed.shape[1] * 4, group, torch.float32) is None and native.rule(m) is None
     # int16 activations: the rounding error is about 2**-16 of the largest value of each token's 64-input chunk
     assert rel_err(native.linear(x, packed, scale, group, bias), reference.linear(x, packed, scale, group, bias)) < 1e-4
     # int8 activations by BitNet's rule: the reference's own arithmetic, up to float summation order
@@ -71,9 +71,9 @@ def test_the_op_falls_back_when_the_build_fails(monkeypatch: pytest.MonkeyPatch)
     monkeypatch.setattr(cpu_native, "_STATE", {})
     monkeypatch.setattr(cpu_native, "_build", lambda: (_ for _ in ()).throw(OSError("no g++ here")))
     problem = registry.Problem(1, 64, 576, 64, "cpu", torch.float32)
-    choice = registry._choose(problem, -1, frozenset())  # not the cached choice
+    choice = registry._choose(problem, frozenset())  # not the cached choice
     assert choice.kernel is registry.CPU
-    assert ("cpu_native", "not built: OSError: no g++ here") in choice.refused
+    assert ("cpu_native", "cannot: not built: OSError: no g++ here") in choice.refused
 
 
 def _age(path, seconds: float) -> None:

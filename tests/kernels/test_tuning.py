@@ -1,4 +1,4 @@
-"""Which shipped tuned tables a process reads: the H200's everywhere, then those tuned on this GPU's model."""
+"""Which shipped tuned tables a process reads: only those tuned on this GPU's model; none elsewhere."""
 
 from __future__ import annotations
 
@@ -18,7 +18,7 @@ KEY = tuning.key(256, 4096, 14336, 64, torch.bfloat16)
 def _table(folder: Path, name: str, device: str, choice_mma: dict[str, str]) -> Path:
     path = folder / name
     path.write_text(json.dumps({"device": device, "command": "trit bench kernels", "configs": {},
-                                "choice": {}, "choice_mma": choice_mma}))
+                                "choice": {"v1": {}, "mma": choice_mma}}))
     return path
 
 
@@ -57,34 +57,35 @@ def test_the_model_a_table_is_read_on(device: str, family: str) -> None:
 
 
 @pytest.mark.parametrize(("device", "want"), [
-    (None, ["h200"]),                                            # no GPU in use: the default table
-    ("NVIDIA H200", ["h200"]),                                   # read once
-    ("NVIDIA H100 80GB HBM3", ["h200", "h100pcie", "h100"]),     # its model's tables, its own last
-    ("NVIDIA H100 PCIe", ["h200", "h100", "h100pcie"]),
-    ("NVIDIA H100 NVL", ["h200", "h100pcie", "h100"]),           # no exact table: the model's, by name
-    ("NVIDIA A100 80GB PCIe", ["h200", "a100"]),
-    ("NVIDIA RTX 6000 Ada Generation", ["h200"]),                # not the Quadro's table
-    ("Quadro RTX 6000", ["h200", "rtx6000"]),
+    (None, []),                                          # no GPU in use: no table
+    ("NVIDIA H200", ["h200"]),
+    ("NVIDIA H100 80GB HBM3", ["h100pcie", "h100"]),     # its model's tables, its own last
+    ("NVIDIA H100 PCIe", ["h100", "h100pcie"]),
+    ("NVIDIA H100 NVL", ["h100pcie", "h100"]),           # no exact table: the model's, by name
+    ("NVIDIA A100 80GB PCIe", ["a100"]),
+    ("NVIDIA RTX 6000 Ada Generation", []),              # not the Quadro's table, and never another GPU's
+    ("Quadro RTX 6000", ["rtx6000"]),
+    ("NVIDIA L40S", []),
 ])
-def test_the_default_table_then_the_tables_of_this_gpus_model(shipped: dict[str, Path], device: str | None,
-                                                              want: list[str]) -> None:
+def test_only_the_tables_of_this_gpus_model(shipped: dict[str, Path], device: str | None,
+                                            want: list[str]) -> None:
     assert tuning.shipped_tables(device) == [shipped[name] for name in want]
 
 
-def test_this_gpus_tables_override_the_default_and_another_gpus_are_not_read(
+def test_this_gpus_tables_answer_and_another_gpus_are_not_read(
         shipped: dict[str, Path], monkeypatch: pytest.MonkeyPatch) -> None:
     for device, want in (("NVIDIA H100 80GB HBM3", "cuda_wgmma"), ("NVIDIA H100 PCIe", "cuda_imma"),
                          ("NVIDIA H200", "cuda_dequant_cublas"), ("NVIDIA A100-SXM4-40GB", "cuda_mma"),
-                         ("NVIDIA GeForce RTX 4090", "cuda_dequant_cublas")):
+                         ("NVIDIA GeForce RTX 4090", None)):
         monkeypatch.setattr(tuning, "_device_name", lambda device=device: device)
         tuning.reset()
-        assert tuning.preferred(KEY, "choice_mma") == want, device
+        assert tuning.preferred(KEY, "mma") == want, device
 
 
 def test_the_tables_are_read_again_once_cuda_is_in_use(shipped: dict[str, Path],
                                                        monkeypatch: pytest.MonkeyPatch) -> None:
-    """Read first before any CUDA work (no device: the default table), then on the GPU: its own table counts,
-    and choices remembered from the first reading are stale."""
+    """Read first before any CUDA work (no device: no table), then on the GPU: its own table counts, and what was
+    worked out from the first reading is stale."""
     device: list[str | None] = [None]
     asked = [0]
 
@@ -93,15 +94,15 @@ def test_the_tables_are_read_again_once_cuda_is_in_use(shipped: dict[str, Path],
         return device[0]
 
     monkeypatch.setattr(tuning, "_device_name", name)
-    assert tuning.preferred(KEY, "choice_mma") == "cuda_dequant_cublas"
-    generation = tuning._GENERATION
+    assert tuning.preferred(KEY, "mma") is None
+    assert tuning.memo("worked out", lambda: 1) == 1
     device[0] = "NVIDIA H100 80GB HBM3"
-    assert tuning.preferred(KEY, "choice_mma") == "cuda_wgmma"
-    assert tuning._GENERATION != generation
-    generation, asked[0] = tuning._GENERATION, 0
+    assert tuning.memo("worked out", lambda: 2) == 2  # the GPU came into use: read again, the cache emptied
+    assert tuning.preferred(KEY, "mma") == "cuda_wgmma"
+    asked[0] = 0
     for _ in range(3):
-        assert tuning.preferred(KEY, "choice_mma") == "cuda_wgmma"  # not read a third time,
-    assert tuning._GENERATION == generation
+        assert tuning.preferred(KEY, "mma") == "cuda_wgmma"  # not read a third time,
+        assert tuning.memo("worked out", lambda: 3) == 2
     assert asked[0] == 0  # and the GPU, once found, is not asked for again
 
 
@@ -117,7 +118,7 @@ def test_picking_a_table_does_not_start_cuda(tmp_path: Path) -> None:
         "from trit.kernels import tuning\n"
         "from trit.kernels.cuda.mma import MmaConfig\n"
         "k = tuning.key(1, 4096, 4096, 64, torch.bfloat16)\n"
-        "assert tuning.preferred(k, 'choice_mma') == 'cuda_gemv'\n"
+        "assert tuning.preferred(k, 'mma') is None\n"
         "tuning.lookup('cuda_gemv', k, dict)\n"
         "tuning.remember('cuda_mma', k, MmaConfig(1, 1, 1, 3, False))\n"
         "assert not torch.cuda.is_initialized()\n"
@@ -128,15 +129,14 @@ def test_picking_a_table_does_not_start_cuda(tmp_path: Path) -> None:
 
 
 def test_the_shipped_tables_name_their_device() -> None:
-    """Every table the package ships says which GPU it was tuned on, which is how a process picks it; on an
-    H100 80GB HBM3 the H100 table is read after the H200's."""
+    """Every table the package ships says which GPU it was tuned on, which is how a process picks it: on an
+    H100 80GB HBM3 the H100 table alone, on an H200 the H200's."""
     paths = sorted(tuning.SHIPPED.glob("*.json"))
-    assert tuning.SHIPPED / tuning.DEFAULT_TABLE in paths
     for path in paths:
         assert json.loads(path.read_text())["device"], path.name
-    assert tuning.shipped_tables("NVIDIA H100 80GB HBM3") == [tuning.SHIPPED / "h200.json",
-                                                             tuning.SHIPPED / "h100.json"]
+    assert tuning.shipped_tables("NVIDIA H100 80GB HBM3") == [tuning.SHIPPED / "h100.json"]
     assert tuning.shipped_tables("NVIDIA H200") == [tuning.SHIPPED / "h200.json"]
+    assert tuning.shipped_tables("NVIDIA A100-SXM4-80GB") == []
 
 
 H100 = "NVIDIA H100 80GB HBM3"
@@ -151,7 +151,7 @@ def on_h100(shipped: dict[str, Path], monkeypatch: pytest.MonkeyPatch, tmp_path:
 
 
 @pytest.mark.parametrize("damage", ["{\"configs\": {\"cuda_mma\": {", "\xff\xfe not text", "[1, 2]",
-                                    "{\"configs\": {\"cuda_mma\": [1]}}", "{\"choice_mma\": {\"k\": 3}}"])
+                                    "{\"configs\": {\"cuda_mma\": [1]}}", "{\"choice\": {\"mma\": {\"k\": 3}}}"])
 def test_a_damaged_cache_costs_its_configs_not_the_run(on_h100: Path, damage: str,
                                                        caplog: pytest.LogCaptureFixture) -> None:
     """A cache file that is not one (cut short, edited by hand) is ignored with one warning naming it; the shipped
@@ -161,9 +161,9 @@ def test_a_damaged_cache_costs_its_configs_not_the_run(on_h100: Path, damage: st
     on_h100.parent.mkdir(parents=True)
     on_h100.write_bytes(damage.encode("latin-1"))
     with caplog.at_level("WARNING", logger="trit.kernels.tuning"):
-        assert tuning.preferred(KEY, "choice_mma") == "cuda_wgmma"  # the H100's shipped table
+        assert tuning.preferred(KEY, "mma") == "cuda_wgmma"  # the H100's shipped table
         tuning.reset()
-        assert tuning.preferred(KEY, "choice_mma") == "cuda_wgmma"
+        assert tuning.preferred(KEY, "mma") == "cuda_wgmma"
     warned = [r.getMessage() for r in caplog.records if str(on_h100) in r.getMessage()]
     assert len(warned) == 1 and "ignored" in warned[0]
     tuning.remember("cuda_mma", "16,64,64,64,bfloat16", MmaConfig(2, 1, 1, 3, False))

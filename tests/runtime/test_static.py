@@ -12,14 +12,15 @@ from trit.synthetic import random_model
 CUDA = torch.cuda.is_available()
 
 
-def tiny(model_type: str, trit: bool, device: str = "cpu", dtype: torch.dtype = torch.float32, tile: bool = True):
+def tiny(model_type: str, trit: bool, device: str = "cpu", dtype: torch.dtype = torch.float32,
+         prepare: bool = True):
     from transformers import AutoConfig
 
     cfg = AutoConfig.for_model(model_type, hidden_size=64, intermediate_size=128, num_hidden_layers=2,
                                num_attention_heads=4, num_key_value_heads=2, vocab_size=97,
                                tie_word_embeddings=model_type == "qwen2")
     return random_model(cfg, fmt.TritConfig(group_size=32) if trit else None, device, dtype, std=0.2,
-                        tile=tile)
+                        prepare=prepare)
 
 
 def hf_greedy(model, ids: torch.Tensor, new: int) -> torch.Tensor:
@@ -43,7 +44,7 @@ def test_equals_generate_and_restarts(model_type: str, trit: bool) -> None:
 
 
 def test_random_model_codes_are_valid_and_tied() -> None:
-    model = tiny("qwen2", trit=True, tile=False)  # format v1's buffers, whatever TRIT_LAYOUT says
+    model = tiny("qwen2", trit=True, prepare=False)  # format v1's buffers, whatever TRIT_LAYOUT says
     layer = model.model.layers[1].mlp.down_proj
     assert fmt.count_invalid_codes(layer.weight_packed) == 0
     assert set(fmt.unpack(layer.weight_packed).unique().tolist()) == {-1, 0, 1}

@@ -17,8 +17,12 @@ PROMPTS = ["The capital of France is", "Hello, my name is", "def fibonacci(n):",
 def linear_layers(model) -> list[dict]:
     from vllm.model_executor.layers.linear import LinearBase
 
-    return [{"name": name, "method": type(m.quant_method).__name__, "act_int8": getattr(m, "trit_act_int8", None),
-             "tiled": getattr(m, "trit_tiled", None), "scheme": type(m.scheme).__name__ if hasattr(m, "scheme") else None}
+    def trit(m, what):  # the trit layer object's spec and layout (trit.linear), None for other layers
+        kernel = getattr(m, "trit_kernel", None)
+        return None if kernel is None else kernel.spec.act_int8 if what == "act_int8" else kernel.name == "mma"
+
+    return [{"name": name, "method": type(m.quant_method).__name__, "act_int8": trit(m, "act_int8"),
+             "tiled": trit(m, "tiled"), "scheme": type(m.scheme).__name__ if hasattr(m, "scheme") else None}
             for name, m in model.named_modules() if isinstance(m, LinearBase)]
 
 

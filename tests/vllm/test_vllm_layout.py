@@ -27,7 +27,7 @@ def test_the_mma_layout_in_vllm_equals_the_runtime(tmp_path: Path, monkeypatch: 
     trit_layers = [layer for layer in llm_layers(tmp_path / "out.json") if layer["method"] == "TritLinearMethod"]
     assert trit_layers and all(layer["tiled"] for layer in trit_layers)
     loaded = runtime.load(tmp_path / "trit", device="cpu", dtype=torch.float32)
-    assert all(m.tiled for m in loaded.model.modules() if isinstance(m, TritLinear))
+    assert all(m.layout == "mma" for m in loaded.model.modules() if isinstance(m, TritLinear))
     for r in records:
         assert r["greedy"] == runtime_greedy(loaded, r)
         assert logprob_diffs(loaded, r).max().item() < 1e-3

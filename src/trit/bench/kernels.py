@@ -37,7 +37,6 @@ import torch
 from trit import format as fmt
 from trit.bench import decode
 from trit.bench.guard import DEFAULT_TOLERANCE, Figure, Report, check
-from trit.kernels.cuda import launch as cuda_launch
 from trit.kernels.cuda import mma as cmma
 
 
@@ -124,12 +123,12 @@ def bench_problem(n: int, k: int, m: int, l2: int, tune: bool) -> dict:
     layers = [ternary_layer(n, k) for _ in range(copies)]
     key = tuning.key(m, n, k, GROUP, torch.bfloat16)
     tuned = {}
-    tiled = cuda_launch.tile_refusal(x.device, x.dtype, GROUP, k, False, n) is None
+    tiled = layout_of(n, k, x.device) == "mma"
     if tune and not tiled:  # format v1's kernels, when they are the ones a loaded layer runs
         for name, run, cands in (
-            ("gemv", gemv.gemv, gemv.CONFIGS if m <= gemv.MAX_M else ()),
-            ("skinny", skinny.skinny, skinny.configs_for(m, GROUP) if m <= skinny.MAX_M else ()),
-            ("gemm", gemm.gemm, gemm.configs_for(m, GROUP) if m < launch.DEQUANT_MIN_M else ()),
+            ("triton_gemv", gemv.gemv, gemv.CONFIGS if m <= gemv.MAX_M else ()),
+            ("triton_skinny", skinny.skinny, skinny.configs_for(m, GROUP) if m <= skinny.MAX_M else ()),
+            ("triton_gemm", gemm.gemm, gemm.configs_for(m, GROUP) if m < launch.DEQUANT_MIN_M else ()),
         ):
             if not cands:
                 continue
@@ -142,8 +141,8 @@ def bench_problem(n: int, k: int, m: int, l2: int, tune: bool) -> dict:
             tuned[name] = {"config": asdict(best), "us": us}
         if m >= 16:
             calls = [lambda p=p, s=s: dequant.linear(x, p.view(torch.int32), s, GROUP) for p, s in layers]
-            tuned["dequant_cublas"] = {"us": tuning.graph_time_us(calls)}
-        tuning.prefer(key, min(tuned, key=lambda name: tuned[name]["us"]))
+            tuned["triton_dequant_cublas"] = {"us": tuning.graph_time_us(calls)}
+        tuning.prefer(key, min(tuned, key=lambda name: tuned[name]["us"]), "v1")
     out = {"tuned": tuned}
     problem = registry.Problem(m, n, k, GROUP, "cuda", torch.bfloat16)
     v1_times = tuning.graph_times_us([_op_call(x, p, s) for p, s in layers])
@@ -174,6 +173,44 @@ def bench_problem(n: int, k: int, m: int, l2: int, tune: bool) -> dict:
     out["trit_bytes"] = t_bytes + m * k * 2 + m * n * 2
     out["bf16_bytes"] = w_bytes + m * k * 2 + m * n * 2
     return out
+
+
+def layout_of(n: int, k: int, device: torch.device, act_int8: bool = False) -> str:
+    """The layout a loaded (N, K) layer of this benchmark's groups is held in (:func:`trit.linear.choose`)."""
+    from trit import linear
+
+    return linear.choose(linear.LinearSpec(n, k, GROUP, 1, act_int8), device, torch.bfloat16).kernel.name
+
+
+def explain(models: tuple[str, ...] | None = None, ms: tuple[int, ...] | None = None, act_int8: bool = False) -> int:
+    """Print, for each layer shape of ``models`` and each M of ``ms``, the layout a loaded layer is held in and the
+    kernel its op runs, with every candidate's answer, as this machine (its GPU and tables) would choose."""
+    from trit import linear
+    from trit.kernels import registry
+
+    unknown = sorted(set(models or ()) - set(SHAPES))
+    if unknown:
+        print(f"trit bench kernels: no layer shapes for {', '.join(unknown)}; known: {', '.join(SHAPES)}",
+              file=sys.stderr)
+        return 2
+    device = torch.device("cuda" if torch.cuda.is_available() else "cpu")
+    dtype = torch.bfloat16 if device.type == "cuda" else torch.float32
+    if device.type == "cuda":
+        torch.zeros(1, device=device)  # CUDA in use: this GPU's tuned tables are read
+    print(f"{torch.cuda.get_device_name() if device.type == 'cuda' else 'CPU'}, {str(dtype).removeprefix('torch.')} "
+          f"activations{' rounded to int8 per token (W1.58A8)' if act_int8 else ''}, groups of {GROUP}")
+    for model, shapes in SHAPES.items():
+        if models and model not in models:
+            continue
+        for layer, n, k in shapes:
+            choice = linear.choose(linear.LinearSpec(n, k, GROUP, 1, act_int8), device, dtype)
+            print(f"\n{model} {layer} ({n} x {k}): the {choice.kernel.name} layout")
+            print("  " + choice.explain().replace("\n", "\n  "))
+            for m in ms or MS:
+                kernel = registry.choose_kernel(registry.Problem(m, n, k, GROUP, device.type, dtype, act_int8,
+                                                                 choice.kernel.name))
+                print(f"  M={m}: {kernel.kernel.name}\n    " + kernel.explain().replace("\n", "\n    "))
+    return 0
 
 
 def _op_call(x, packed, scale):
@@ -237,7 +274,7 @@ def _tune_tiled(x: torch.Tensor, reps: list, key: str) -> dict:
         out["cuda_dequant_cublas"] = {"us": tuning.graph_time_us(
             [lambda r=r: torch.nn.functional.linear(x, cgemv.dequantize(r)) for r in reps])}
     if len(out) > 1:  # the fastest of the layout's kernels takes this problem
-        tuning.prefer(key, min(out, key=lambda name: out[name]["us"]), "choice_mma")
+        tuning.prefer(key, min(out, key=lambda name: out[name]["us"]), "mma")
     return out
 
 
@@ -273,10 +310,10 @@ def write_table(path: Path, tuned: dict, command: str) -> None:
     table["command"] = f"{table['command']}; then, for the problems it holds: {command}" if "command" in table \
         else command
     for key, entry in tuned.items():
-        for choice, names in (("choice", [n for n in entry if not n.startswith("cuda_")]),  # format v1's kernels
-                              ("choice_mma", [n for n in entry if n.startswith("cuda_")])):  # the mma layout's
-            if len(names) > 1 or (names and choice == "choice"):
-                table.setdefault(choice, {})[key] = min(names, key=lambda name: entry[name]["us"])
+        for layout, names in (("v1", [n for n in entry if n.startswith("triton_")]),  # format v1's kernels
+                              ("mma", [n for n in entry if n.startswith("cuda_")])):  # the mma layout's
+            if len(names) > 1 or (names and layout == "v1"):
+                table["choice"].setdefault(layout, {})[key] = min(names, key=lambda name: entry[name]["us"])
         for kernel, t in entry.items():
             if "config" in t:  # dequant_cublas has no config, only a time
                 table["configs"].setdefault(kernel, {})[key] = t["config"]

@@ -5,7 +5,7 @@
 
 Each kernel is specialized as a launch on Llama-3-8B's gate_up would specialize
 it (bf16 activations, group 64, pointers and sizes divisible by 16, no masks),
-with the config the shipped tuned table holds for that problem. Per kernel:
+with the config the H200's shipped tuned table holds for that problem. Per kernel:
 registers a thread and stack bytes (``cuobjdump -res-usage``), and the SASS
 instructions of its main loop (the longest backward branch), by opcode and per
 unit of work a thread (a word of 16 weights for the GEMV, a weight for the
@@ -14,7 +14,7 @@ tensor-core kernels, a word for the dequantize). It uses the ``ptxas`` and
 triton: a CPU can guard them exactly (the figures of the regression guard,
 :mod:`trit.bench.guard`; a baseline of another triton is refused). The CUDA C++
 kernels of the mma layout (``trit.kernels.cuda``) are compiled with NVRTC at
-the config the shipped table holds for that problem (their heuristic's where
+the config the H200's table holds for that problem (their heuristic's where
 it holds none), where NVRTC is installed; its version is then one of the
 versions a baseline must match.
 """
@@ -36,6 +36,8 @@ from triton.backends.compiler import GPUTarget
 from triton.compiler import ASTSource
 
 from trit.bench.guard import DEFAULT_TOLERANCE, Figure, Report, check
+
+TABLE_OF = "NVIDIA H200"  # the GPU whose shipped table gives the configs compiled (sm_90)
 
 BIN = Path(triton.__file__).parent / "backends" / "nvidia" / "bin"
 # the problem every kernel is specialized for: Llama-3-8B's gate_up, group 64, bf16
@@ -178,8 +180,8 @@ def nvrtc_version() -> str | None:
 
 
 def compile_cuda(kernel: str, m: int) -> dict:
-    """A CUDA C++ kernel at the config a launch on gate_up at ``m`` rows takes: the shipped table's, else its
-    heuristic's."""
+    """A CUDA C++ kernel at the config a launch on gate_up at ``m`` rows takes on an H200: its shipped table's, else
+    its heuristic's."""
     import dataclasses
 
     import torch
@@ -190,18 +192,18 @@ def compile_cuda(kernel: str, m: int) -> dict:
     key = tuning.key(m, N, K, GROUP, torch.bfloat16)
     arch = "sm_90"
     if kernel == "cuda_wgmma":
-        cfg = tuning.lookup(kernel, key, wgmma.WgmmaConfig) or wgmma.heuristic(m, mma.shape_only(N, K, GROUP), sms=132)
+        cfg = tuning.shipped_lookup(TABLE_OF, kernel, key, wgmma.WgmmaConfig) or wgmma.heuristic(m, mma.shape_only(N, K, GROUP), sms=132)
         name, source, arch = wgmma.kernel_name(cfg, GROUP), wgmma.source(), "sm_90a"
         per_trip = cfg.rt * cfg.ki * 4 * 16  # a lane's weights a chunk, as the mma kernel's
         work = "HGMMA"
     elif kernel == "cuda_mma":
-        cfg = tuning.lookup(kernel, key, mma.MmaConfig) or mma.heuristic(m, *mma.tiles(N, K), sms=132)  # an H200
+        cfg = tuning.shipped_lookup(TABLE_OF, kernel, key, mma.MmaConfig) or mma.heuristic(m, *mma.tiles(N, K), sms=132)  # an H200
         name, source = mma.kernel_name(mma.token_tiles(m, cfg.mt), cfg, GROUP), mma.source()
         per_trip = cfg.rt * cfg.ki * 4 * 16  # a lane's weights a chunk: rt tiles x ki steps x 4 words of 16
         work = "HMMA"
     else:
         assert kernel == "cuda_gemv", kernel
-        cfg = tuning.lookup(kernel, key, gemv.GemvConfig) or gemv.heuristic(m, *mma.tiles(N, K), sms=132)
+        cfg = tuning.shipped_lookup(TABLE_OF, kernel, key, gemv.GemvConfig) or gemv.heuristic(m, *mma.tiles(N, K), sms=132)
         name, source = gemv.kernel_name(gemv.token_slots(m), cfg, GROUP), gemv.source()
         per_trip = (cfg.pf + 1) * cfg.rt * 4 * 16  # a lane's weights a trip: pf + 1 steps x rt tiles x 4 words of 16
         work = "IDP"
@@ -211,7 +213,7 @@ def compile_cuda(kernel: str, m: int) -> dict:
 
 
 def shipped_config(kernel: str) -> list[int]:
-    """The config the shipped tuned table holds for gate_up at the kernel's M (its default where none)."""
+    """The config the H200's shipped table holds for gate_up at the kernel's M (its default where none)."""
     import dataclasses
 
     import torch
@@ -225,7 +227,7 @@ def shipped_config(kernel: str) -> list[int]:
         from trit.kernels.triton import gemv, skinny
 
         module = {"gemv": gemv, "skinny": skinny, "gemm": gemm}[kernel]
-        cfg = tuning.lookup(kernel, key, getattr(module, types[kernel]))
+        cfg = tuning.shipped_lookup(TABLE_OF, f"triton_{kernel}", key, getattr(module, types[kernel]))
         if cfg is None:
             cfg = (module.default_config(N, K, KERNELS[kernel]) if kernel == "gemv"
                    else module.default_config(KERNELS[kernel], N, K, GROUP))

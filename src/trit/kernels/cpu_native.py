@@ -131,11 +131,9 @@ def supports_group(group_size: int) -> bool:
     return group_size == fmt.PER_ROW or (group_size >= 32 and group_size & (group_size - 1) == 0)
 
 
-def refuse(m: int, k_pad: int, group_size: int, dtype: torch.dtype) -> str | None:
+def refuse(k_pad: int, group_size: int, dtype: torch.dtype) -> str | None:
     if dtype not in (torch.float32, torch.bfloat16):
         return f"activations are {str(dtype).removeprefix('torch.')}; it takes float32 or bf16"
-    if m > MAX_M:
-        return f"M = {m} > {MAX_M}: dequantize + one float matmul is faster there"
     if k_pad % 64:
         return f"K_pad = {k_pad} is not a multiple of 64 (one 16-byte chunk of codes)"
     if not supports_group(group_size):
@@ -143,6 +141,11 @@ def refuse(m: int, k_pad: int, group_size: int, dtype: torch.dtype) -> str | Non
     if module() is None:
         return f"not built: {build_error()}"
     return None
+
+
+def rule(m: int) -> str | None:
+    """Decode sizes only: above :data:`MAX_M` rows dequantizing once and one float matmul is faster."""
+    return f"M = {m} > {MAX_M}: dequantize + one float matmul is faster there" if m > MAX_M else None
 
 
 def _run(x: torch.Tensor, packed: torch.Tensor, scale: torch.Tensor, group_size: int, bias, int8: bool):

@@ -1,17 +1,20 @@
 """Kernel configs by problem: tables shipped with the package, an on-disk cache, and a small tuner.
 
 A config is looked up by ``(kernel, M bucket, N, K, group, dtype)``, and so is
-the kernel the table found fastest for that problem (``choice``). The
-package ships tables for common shapes (``kernels/tuned/*.json``, written by
-``trit bench kernels``): one tuned on an H200, read on every GPU, and tables
-tuned on other GPUs, each read after it on a GPU of its family; a problem that
-misses gets the kernel's heuristic default at once, so the first call never
-waits. With ``TRIT_AUTOTUNE=1`` a miss is tuned instead (a few dozen configs,
+the kernel the table found fastest for that problem (``choice``, one table a
+layout). The package ships tables for common shapes (``kernels/tuned/*.json``,
+written by ``trit bench kernels``), each read only on a GPU of the model it was
+tuned on (:func:`family`); a GPU without one gets the kernels' rules of thumb
+(:mod:`trit.kernels.registry`), and a problem a table misses gets the kernel's
+heuristic config at once, so the first call never waits. With ``TRIT_AUTOTUNE=1`` a miss is tuned instead (a few dozen configs,
 each timed with ``triton.testing.do_bench``, outside CUDA graph capture) and the
 winner is kept in ``$TRIT_CACHE/tuned-<GPU name>.json`` for the next process on
 that GPU (merged under a file lock; a damaged file is set aside as ``.bad``, with a warning). Times are
 CUDA graph replays, so that the host's launch overhead does not hide the
 device time of few-microsecond kernels.
+
+What is worked out from the tables (kernel choices, launch plans, warmed
+shapes) is kept in one cache, :func:`memo`, emptied whenever a table changes.
 """
 
 from __future__ import annotations
@@ -35,11 +38,12 @@ from trit.cache import cache_dir, write_atomic
 C = TypeVar("C")
 log = logging.getLogger(__name__)
 SHIPPED = Path(__file__).parent / "tuned"
-DEFAULT_TABLE = "h200.json"  # read on every GPU; a table tuned on this GPU's family is read after it
+LAYOUTS = ("v1", "mma")  # the layouts a choice table is kept for: format v1's kernels, the mma layout's
 _LOCK = threading.Lock()
 _TABLES: dict[str, dict[str, dict[str, Any]]] | None = None
-_TABLES_DEVICE: str | None = None  # the GPU whose shipped tables _TABLES holds (None: the default table only)
-_GENERATION = 0  # bumped whenever a kernel choice may have changed: choices remembered before are stale
+_TABLES_DEVICE: str | None = None  # the GPU whose shipped tables _TABLES holds (None: no GPU in use yet)
+_MEMO: dict[Any, Any] = {}  # what is worked out from the tables; emptied when they change
+MEMO_MAX = 8192  # entries kept (a server sees each token count up to its largest batch once a layer shape)
 
 
 def m_bucket(m: int) -> int:
@@ -52,8 +56,9 @@ def m_bucket(m: int) -> int:
     return b
 
 
-def key(m: int, n: int, k: int, group_size: int, dtype: torch.dtype) -> str:
-    return f"{m_bucket(m)},{n},{k},{group_size},{str(dtype).removeprefix('torch.')}"
+def key(m: int, n: int, k: int, group_size: int, dtype: torch.dtype, act_int8: bool = False) -> str:
+    """A problem's entry in the tables; int8 activations (W1.58A8) are a problem of their own (``,a8``)."""
+    return f"{m_bucket(m)},{n},{k},{group_size},{str(dtype).removeprefix('torch.')}" + (",a8" if act_int8 else "")
 
 
 def cache_file(device: str | None) -> Path | None:
@@ -94,20 +99,24 @@ def _device() -> str | None:
     return _TABLES_DEVICE if _TABLES_DEVICE is not None else _device_name()
 
 
+def tuned_on() -> str:
+    """The GPU whose tables this process reads (for explanations)."""
+    return _TABLES_DEVICE or "this GPU"
+
+
 def shipped_tables(device: str | None) -> list[Path]:
     """The shipped tables a process on ``device`` reads, in order, each later one overriding the earlier ones:
-    :data:`DEFAULT_TABLE` (tuned on an H200) for every GPU, then the tables tuned on a GPU of the same
-    :func:`family` (their ``device`` field; ``h100.json`` on any H100), one tuned on this exact device last. A
-    shipped table of another GPU is not read, so its choices never stand in for measurements on this one."""
-    default = SHIPPED / DEFAULT_TABLE
+    those tuned on a GPU of the same :func:`family` (their ``device`` field; ``h100.json`` on any H100), one
+    tuned on this exact device last. A table of another GPU is never read, so its choices never stand in for
+    measurements on this one; no GPU in use, or none of its model: none (the rules of thumb decide)."""
     if device is None:
-        return [default]
+        return []
     same, exact = [], []
     for path in sorted(SHIPPED.glob("*.json")):
         tuned_on = json.loads(path.read_text()).get("device", "")
-        if path != default and family(tuned_on) == family(device):
+        if family(tuned_on) == family(device):
             (exact if tuned_on == device else same).append(path)
-    return [default, *same, *exact]
+    return [*same, *exact]
 
 
 def _tables() -> dict[str, dict[str, dict[str, Any]]]:
@@ -120,16 +129,16 @@ def _tables() -> dict[str, dict[str, dict[str, Any]]]:
         device = _device()
         if _TABLES is None or (device is not None and device != _TABLES_DEVICE):
             if _TABLES is not None:
-                _bump()  # read again for this GPU: choices made from the default table are stale
-            tables: dict[str, dict[str, dict[str, Any]]] = {}
+                _MEMO.clear()  # read again for this GPU: what was worked out without its tables is stale
+            tables: dict[str, dict[str, dict[str, Any]]] = {"configs": {}, "choice": {}}
             cache = cache_file(device)
             for path in [*shipped_tables(device), cache]:
                 if path is not None and path.is_file():
                     data = json.loads(path.read_text()) if path != cache else (_read_cache(path) or {})
                     for kernel, entries in data.get("configs", {}).items():
-                        tables.setdefault(kernel, {}).update(entries)
-                    for table in ("choice", "choice_mma"):  # format v1's kernels; the mma layout's
-                        tables.setdefault(table, {}).update(data.get(table, {}))
+                        tables["configs"].setdefault(kernel, {}).update(entries)
+                    for layout, entries in data.get("choice", {}).items():
+                        tables["choice"].setdefault(layout, {}).update(entries)
             _TABLES, _TABLES_DEVICE = tables, device
         return _TABLES
 
@@ -138,7 +147,7 @@ def lookup(kernel: str, problem_key: str, config_type: type[C]) -> C | None:
     """The config kept for ``kernel`` on this problem, or ``None``: also where the entry's fields do not fit
     ``config_type`` (a cache an older version tuned), which is said once, dropped and left to the kernel's
     default. (A field that kept its name but changed its meaning is not caught.)"""
-    entries = _tables().get(kernel, {})
+    entries = _tables()["configs"].get(kernel, {})
     entry = entries.get(problem_key)
     if entry is None:
         return None
@@ -152,6 +161,15 @@ def lookup(kernel: str, problem_key: str, config_type: type[C]) -> C | None:
         return None
 
 
+def shipped_lookup(device: str, kernel: str, problem_key: str, config_type: type[C]) -> C | None:
+    """The config the tables shipped for ``device`` hold for ``kernel`` on this problem, read from the files
+    whatever GPU this process has (``trit bench sass`` compiles kernels as that GPU would specialize them)."""
+    entry = None
+    for path in shipped_tables(device):
+        entry = json.loads(path.read_text()).get("configs", {}).get(kernel, {}).get(problem_key, entry)
+    return None if entry is None else config_type(**entry)
+
+
 def _read_cache(path: Path) -> dict[str, Any] | None:
     """What autotuning kept at ``path`` (:func:`cache_file`): ``{}`` where there is no file, ``None`` where the
     file cannot be read or is not such a cache (edited by hand, another tool's, a later version's), which is
@@ -163,11 +181,11 @@ def _read_cache(path: Path) -> dict[str, Any] | None:
     except (OSError, UnicodeDecodeError, json.JSONDecodeError) as e:
         _warn_once(f"trit: {path} is not a readable tuning cache ({e}); its configs are ignored")
         return None
-    ok = isinstance(data, dict) and all(isinstance(data.get(part, {}), dict) for part in ("configs", "choice",
-                                                                                         "choice_mma"))
+    ok = isinstance(data, dict) and all(isinstance(data.get(part, {}), dict) for part in ("configs", "choice"))
     ok = ok and all(isinstance(entries, dict) and all(isinstance(c, dict) for c in entries.values())
                     for entries in data.get("configs", {}).values())
-    ok = ok and all(isinstance(name, str) for part in ("choice", "choice_mma") for name in data.get(part, {}).values())
+    ok = ok and all(isinstance(entries, dict) and all(isinstance(name, str) for name in entries.values())
+                    for entries in data.get("choice", {}).values())
     if not ok:
         _warn_once(f"trit: {path} is not a tuning cache (expected {{\"configs\": {{kernel: {{problem: config}}}}}}); "
                    "its configs are ignored")
@@ -209,25 +227,27 @@ def _locked(path: Path):
         os.close(fd)  # releases the lock
 
 
-def preferred(problem_key: str, table: str = "choice") -> str | None:
-    """The kernel the tuned table found fastest for this problem, if it holds one (``table``: ``"choice"`` for
-    format v1's kernels, ``"choice_mma"`` for the mma layout's)."""
-    return _tables().get(table, {}).get(problem_key)
+def preferred(problem_key: str, layout: str) -> str | None:
+    """The kernel this GPU's tuned table found fastest for this problem among ``layout``'s kernels (``"v1"``:
+    format v1's, ``"mma"``: the mma layout's), if it holds one."""
+    return _tables()["choice"].get(layout, {}).get(problem_key)
 
 
-def prefer(problem_key: str, kernel: str, table: str = "choice") -> None:
-    """Record (in memory) the fastest kernel for a problem: ``trit bench kernels`` writes these."""
+def prefer(problem_key: str, kernel: str, layout: str) -> None:
+    """Record (in memory) the fastest of ``layout``'s kernels for a problem: ``trit bench kernels`` writes these."""
+    if layout not in LAYOUTS:
+        raise ValueError(f"layout {layout!r}: one of {', '.join(LAYOUTS)}")
     tables = _tables()  # loaded first: a record made before the tables are read would be lost
     with _LOCK:
-        tables.setdefault(table, {})[problem_key] = kernel
-        _bump()
+        tables["choice"].setdefault(layout, {})[problem_key] = kernel
+        _MEMO.clear()
 
 
 def remember(kernel: str, problem_key: str, config: Any, persist: bool = True) -> None:
     tables = _tables()  # as in prefer
     with _LOCK:
-        tables.setdefault(kernel, {})[problem_key] = asdict(config)
-        _bump()  # launches planned with the config before are stale (trit.kernels.cuda.launch keeps them)
+        tables["configs"].setdefault(kernel, {})[problem_key] = asdict(config)
+        _MEMO.clear()  # launches planned with the config before are stale
     device = _device()
     path = cache_file(device) if persist else None
     if path is not None:
@@ -311,34 +331,32 @@ def autotune_enabled() -> bool:
 
 
 def reset() -> None:
-    """Forget the loaded tables (tests, and after writing a new shipped table)."""
+    """Forget the loaded tables and what was worked out from them (tests, after writing a shipped table)."""
     global _TABLES, _TABLES_DEVICE
     with _LOCK:
         _TABLES, _TABLES_DEVICE = None, None
-        _bump()
+        _MEMO.clear()
 
 
-def _bump() -> None:
-    global _GENERATION
-    _GENERATION += 1
+def memo(key: Any, make: Callable[[], C]) -> C:
+    """The one cache of what is worked out from the tables (a problem's kernel choice, a launch plan, a warmed
+    layer shape): ``make()`` once for ``key``, until the tables change (:func:`prefer`, :func:`remember`,
+    :func:`reset`, a GPU found) or :func:`forget`. Bounded: full, it starts again."""
+    if _TABLES_DEVICE is None and (_TABLES is None or _device_name() is not None):
+        _tables()  # read (or read again for a GPU now in use) before anything is kept from them
+    try:
+        return _MEMO[key]
+    except KeyError:
+        pass
+    value = make()
+    with _LOCK:
+        if len(_MEMO) >= MEMO_MAX:
+            _MEMO.clear()
+        _MEMO[key] = value
+    return value
 
 
-# the kernels switched off (``TRIT_DISABLE_KERNELS``, ``registry.disable``): kept here, below the kernels, so that
-# a kernel's refusal can pass over a tuned choice that names a switched-off kernel
-_DISABLED: frozenset[str] = frozenset(n.strip() for n in os.environ.get("TRIT_DISABLE_KERNELS", "").split(",")
-                                      if n.strip())
-
-
-def disabled() -> frozenset[str]:
-    return _DISABLED
-
-
-def set_disabled(names: frozenset[str]) -> None:
-    """Use :func:`trit.kernels.registry.disable`, which checks the names."""
-    global _DISABLED
-    _DISABLED = frozenset(names)
-
-
-def generation() -> int:
-    """How many times the tables changed in this process: part of the key kernel choices are remembered under."""
-    return _GENERATION
+def forget() -> None:
+    """Empty :func:`memo` (kernels switched on or off)."""
+    with _LOCK:
+        _MEMO.clear()

@@ -25,8 +25,8 @@ from trit import format as fmt
 from trit.arch import FLOAT_DTYPES, check_architecture, materialize_buffers, meta_model, tied_names
 from trit.checkpoint import CONFIG_FILE, Checkpoint, open_checkpoint
 from trit.kernels import int8_rows
-from trit.nn import TritLinear, W4A8Linear, swap_linears, tile, use_int8_head, warm_up
-from trit.ops import warm_up_wanted
+from trit.linear import warm_up_wanted
+from trit.nn import TritLinear, W4A8Linear, prepare, swap_linears, use_int8_head, warm_up
 
 
 @dataclass
@@ -60,7 +60,7 @@ def load(
 ) -> Loaded:
     """Load a trit (or float) checkpoint folder for inference; see the module docstring.
 
-    ``warm``: run each layer shape's kernels once now (:func:`trit.ops.warm_up`) so the first request does
+    ``warm``: run each layer shape's kernels once now (:meth:`trit.linear.LinearKernel.warm_up`) so the first request does
     not compile them; ``None`` follows ``TRIT_WARMUP`` (on by default on CUDA). ``lm_head``: ``"stored"`` or
     ``"int8"`` (the output layer rounded to int8 rows, :class:`trit.kernels.int8_rows.Int8RowsLinear`); ``None``
     follows ``TRIT_LM_HEAD``, else the checkpoint's ``quantization_config.lm_head``. A trit checkpoint only.
@@ -83,7 +83,7 @@ def load(
     swap_linears(model, names, qcfg)
     _load_tensors(model, ckpt, qcfg, device, dtype, validate)
     materialize_buffers(model, device)
-    tile(model, dtype)  # the CUDA kernels' layout, where they can run (TRIT_LAYOUT=v1 keeps format v1)
+    prepare(model, dtype)  # each layer's layout for inference (trit.linear: the CUDA kernels' where they run)
     if lm_head is not None and lm_head not in fmt.LM_HEADS:
         raise ValueError(f"lm_head={lm_head!r}: one of {', '.join(fmt.LM_HEADS)}")
     if (lm_head or int8_rows.head_choice(qcfg.lm_head)) == "int8":

@@ -19,10 +19,10 @@ tensor parallelism:
   of the same kinds, and ``apply`` sums the two ternary matmuls.
 
 A tensor-parallel size whose K partition would cut a group or a byte, or split
-a padded K, is refused with the layer and the reason. ``apply`` calls
-``torch.ops.trit.linear``, the op of the embedded runtime (Triton on CUDA, the
-CPU kernel on CPU), a custom op with a fake implementation that vLLM's
-``torch.compile`` traces through.
+a padded K, is refused with the layer and the reason. Once loaded, each layer
+is held and run by the runtime's own layer object (:mod:`trit.linear`): the
+same layout choice, repacking and forward (custom ops with fake
+implementations that vLLM's ``torch.compile`` traces through).
 """
 
 from __future__ import annotations
@@ -45,8 +45,8 @@ from vllm.model_executor.parameter import (
     PackedvLLMParameter,
 )
 
-import trit.ops  # registers torch.ops.trit.linear; warm_up
 from trit import format as fmt
+from trit import linear
 from trit.arch import linear_shapes
 from trit.checkpoint import Checkpoint, open_checkpoint
 from trit.errors import TritError
@@ -210,53 +210,35 @@ class TritLinearMethod(LinearMethodBase):
                     weight_loader=loader)
             layer.register_parameter(packed_name, packed)
             layer.register_parameter(scale_name, scale)
-        layer.trit_group_size = group
-        layer.trit_act_int8 = self.trit.activation is fmt.ActivationQuant.INT8_PER_TOKEN
-        layer.trit_planes = fmt.plane_suffixes(self.trit.planes)
-        layer.trit_in_features = input_size_per_partition
-        layer.trit_out_features = n
+        layer.trit_spec = linear.LinearSpec(n, input_size_per_partition, group, self.trit.planes,
+                                            self.trit.activation is fmt.ActivationQuant.INT8_PER_TOKEN)
         layer.trit_dtype = params_dtype
-        layer.trit_tiled = False
 
     def process_weights_after_loading(self, layer: torch.nn.Module) -> None:
-        """Check the loaded values (codes, scales) on the device, repack them into the CUDA kernels' mma layout
-        where those can run (:func:`trit.kernels.cuda.launch.tile_refusal`), and keep plain tensors.
+        """Check the loaded values (codes, scales) on the device, then hold the layer in the layout
+        :mod:`trit.linear` chooses (the CUDA kernels' mma layout where they run) and warm its kernels.
 
         A layer no checkpoint tensor reached (``load_format="dummy"``, which fills float tensors with
         small random values of either sign) keeps its all-zero codes and gets the magnitudes of those
         values as scales: valid, and the same work for the kernels as real weights.
         """
-        group = self.trit.group_size
-        for i, (packed_name, scale_name) in enumerate(layer.trit_planes):
+        spec: linear.LinearSpec = layer.trit_spec
+        for packed_name, scale_name in fmt.plane_suffixes(spec.planes):
             packed, scale = getattr(layer, packed_name).data, getattr(layer, scale_name).data
             if not layer.trit_loaded:
                 scale.abs_().clamp_(min=1e-6)
-            fmt.check_layer(self.prefix, packed, scale, group, check_values=True, suffixes=(packed_name, scale_name))
-            why = trit.ops.tile_refusal(packed.device, layer.trit_dtype, group, layer.trit_in_features,
-                                        layer.trit_act_int8, layer.trit_out_features)
-            if why is None:  # the repacked layer replaces the loaded one: one copy of the weights
-                r = trit.ops.repack(packed, scale, group, layer.trit_in_features)
-                delattr(layer, packed_name)
-                delattr(layer, scale_name)
-                layer.register_parameter(f"tiles_{i}_codes", torch.nn.Parameter(r.wq, requires_grad=False))
-                layer.register_parameter(f"tiles_{i}_scales", torch.nn.Parameter(r.sc, requires_grad=False))
-                layer.trit_tiled = True
-                plane: trit.ops.Plane = r
-            else:
-                setattr(layer, packed_name, torch.nn.Parameter(packed, requires_grad=False))
-                setattr(layer, scale_name, torch.nn.Parameter(scale, requires_grad=False))
-                plane = (packed, scale)
-            if trit.ops.warm_up_wanted(packed.device):  # compile the prefill kernels at load, not in a request
-                trit.ops.warm_up(layer.trit_in_features, plane, group, layer.trit_dtype, layer.trit_act_int8)
+            fmt.check_layer(self.prefix, packed, scale, spec.group_size, check_values=True,
+                            suffixes=(packed_name, scale_name))
+            # plain parameters from here on: vLLM's parameter classes only matter while loading
+            setattr(layer, packed_name, torch.nn.Parameter(packed, requires_grad=False))
+            setattr(layer, scale_name, torch.nn.Parameter(scale, requires_grad=False))
+        device = layer.weight_packed.device
+        linear.prepare(layer, spec, device, layer.trit_dtype)
+        if linear.warm_up_wanted(device):  # compile the prefill kernels at load, not in a request
+            layer.trit_kernel.warm_up(layer, layer.trit_dtype)
 
     def apply(self, layer: torch.nn.Module, x: torch.Tensor, bias: torch.Tensor | None = None) -> torch.Tensor:
-        if layer.trit_tiled:
-            planes = [trit.ops.MmaWeights(getattr(layer, f"tiles_{i}_codes"), getattr(layer, f"tiles_{i}_scales"),
-                                          layer.trit_out_features, layer.trit_in_features, layer.trit_group_size)
-                      for i in range(len(layer.trit_planes))]
-        else:
-            planes = [(getattr(layer, p), getattr(layer, s)) for p, s in layer.trit_planes]
-        return trit.ops.linear_planes(x, planes, layer.trit_group_size, bias, layer.trit_act_int8)
+        return layer.trit_kernel.apply(layer, x, bias)
 
 
 def check_headers(ckpt: Checkpoint, qcfg: fmt.TritConfig) -> None:

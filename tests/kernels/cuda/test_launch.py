@@ -56,7 +56,7 @@ def test_a_problems_launch_is_planned_once_until_the_tables_change(monkeypatch: 
         return torch.ones(x2.shape[0], r.n)
 
     monkeypatch.setattr(launch.mma, "run", run)
-    monkeypatch.setattr(launch, "_PLANS", {})
+    monkeypatch.setattr(tuning, "_MEMO", {})
     r = mma.MmaWeights(torch.zeros(3, 1, 32, 4, dtype=torch.int32), torch.zeros(3, 1, 8, dtype=torch.int32), 40, 128, 128)
     bias = torch.arange(40.0)
     y = launch._planned("cuda_mma", plan, mma.MmaConfig, torch.zeros(2, 3, 128, dtype=BF16), r, bias)  # (2, 3, K): 6 rows
@@ -66,14 +66,14 @@ def test_a_problems_launch_is_planned_once_until_the_tables_change(monkeypatch: 
     launch._planned("cuda_mma", plan, mma.MmaConfig, torch.zeros(5, 128, dtype=BF16), r, None)  # another M: its own plan
     assert planned[-1] == (5, None)
     key = tuning.key(6, 40, 128, 128, BF16)
-    monkeypatch.setattr(tuning, "_TABLES", {})
+    monkeypatch.setattr(tuning, "_TABLES", {"configs": {}, "choice": {}})
     tuning.remember("cuda_mma", key, mma.MmaConfig(rt=1), persist=False)  # a config tuned now: planned again
     launch._planned("cuda_mma", plan, mma.MmaConfig, torch.zeros(6, 128, dtype=BF16), r, None)
     assert planned[-1] == (6, mma.MmaConfig(rt=1)) and ran[-1][0] == "plan 6 #3"
-    monkeypatch.setattr(launch, "_PLANS_MAX", 3)  # bounded: full (three plans), it starts again
+    monkeypatch.setattr(tuning, "MEMO_MAX", 2)  # bounded: full (M = 6 and 7 planned), it starts again
     for m in (7, 8):
         launch._planned("cuda_mma", plan, mma.MmaConfig, torch.zeros(m, 128, dtype=BF16), r, None)
-    assert sorted(key[1] for key in launch._PLANS) == [7, 8]
+    assert [key[2] for key in tuning._MEMO] == [8]
     with pytest.raises(ValueError, match="takes bf16 x with K = 128"):  # the refusals send nothing else; checked
         launch._planned("cuda_mma", plan, mma.MmaConfig, torch.zeros(6, 128), r, None)
     with pytest.raises(ValueError, match="takes bf16 x with K = 128"):

@@ -49,8 +49,8 @@ def test_skinny_default_config_fits_the_problem(n: int, k: int, group: int, m: i
 
 @pytest.mark.parametrize("table", sorted(p.name for p in tuning.SHIPPED.glob("*.json")))
 def test_shipped_table_names_candidates_and_valid_configs(table: str) -> None:
-    """Every choice in each shipped tuned table is a candidate of the op; every config builds its kernel's config;
-    the default table (the H200's, read on every GPU) holds configs of every kernel."""
+    """Every choice in each shipped tuned table is a candidate of its layout, named as the registry names it; every
+    config is of a kernel the registry has and builds that kernel's config."""
     import json
 
     from trit.kernels import registry
@@ -60,14 +60,13 @@ def test_shipped_table_names_candidates_and_valid_configs(table: str) -> None:
 
     data = json.loads((tuning.SHIPPED / table).read_text())
     names = {k.name for k in registry.candidates()}
-    assert data.get("choice") or data.get("choice_mma")
-    assert all(f"triton_{c}" in names for c in data.get("choice", {}).values())
-    assert all(c in names for c in data.get("choice_mma", {}).values())  # the mma layout's
-    types = {"gemv": gemv.GemvConfig, "gemm": gemm.GemmConfig, "skinny": skinny.SkinnyConfig,
-             "cuda_gemv": cuda_gemv.GemvConfig, "cuda_imma": imma.ImmaConfig, "cuda_mma": mma.MmaConfig, "cuda_wgmma": wgmma.WgmmaConfig}
-    assert set(data["configs"]) <= set(types)
-    if table == tuning.DEFAULT_TABLE:
-        assert data["choice"] and data["choice_mma"] and set(data["configs"]) == set(types)
+    assert set(data["choice"]) <= set(tuning.LAYOUTS) and any(data["choice"].values())
+    assert all(c in names and c.startswith("triton_") for c in data["choice"].get("v1", {}).values())
+    assert all(c in names and c.startswith("cuda_") for c in data["choice"].get("mma", {}).values())
+    types = {"triton_gemv": gemv.GemvConfig, "triton_gemm": gemm.GemmConfig, "triton_skinny": skinny.SkinnyConfig,
+             "cuda_gemv": cuda_gemv.GemvConfig, "cuda_imma": imma.ImmaConfig, "cuda_mma": mma.MmaConfig,
+             "cuda_wgmma": wgmma.WgmmaConfig}
+    assert set(data["configs"]) <= set(types) and set(types) <= names
     for kernel, entries in data["configs"].items():
         for cfg in entries.values():
             types[kernel](**cfg)

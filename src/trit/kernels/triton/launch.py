@@ -15,13 +15,12 @@ from trit import format as fmt
 from trit.kernels import tuning
 from trit.kernels.triton import dequant, gemm, gemm_a8, gemv, skinny
 
-# from this many rows up, dequantize + cuBLAS beats decoding in registers: at M = 256 it took 25-162 us against
-# the GEMM's 24-362, 2.2-3.7x faster on all eight shapes of benchmarks/results/kernels.json (H200); at M = 64
-# the skinny GEMM wins. Below this, problems without a tuned choice go to the GEMM
+# the rules of thumb where no tuned table names a kernel (docs/kernels.md has the measurements behind them):
+# from this many rows up, dequantize + cuBLAS beats decoding in registers; below, the GEMM
 DEQUANT_MIN_M = 128
 # from this many rows up, int8 activations go through int8 tensor cores; below, the bf16 kernels take x_q / s
 A8_MIN_M = 64
-# without a tuned choice, the GEMV takes M = 1 only (benchmarks/results: the GEMM wins from M = 2 or so)
+# without a tuned choice, the GEMV takes M = 1 only (the GEMM wins from M = 2 or so)
 GEMV_MAX_M_UNTUNED = 1
 
 
@@ -37,29 +36,26 @@ def common_refusal(p) -> str | None:
     return None
 
 
-def _prefers_other(p, name: str) -> str | None:
-    choice = tuning.preferred(tuning.key(p.m, p.n, p.k, p.group_size, p.dtype))
-    if choice is not None and choice != name:
-        return f"the tuned table measured triton_{choice} faster for this problem"
-    return None
-
-
 def refuse_gemv(p) -> str | None:
     if p.m > gemv.MAX_M:
         return f"M = {p.m} > {gemv.MAX_M}: the GEMV unrolls at most {gemv.MAX_M} rows"
-    if p.m > GEMV_MAX_M_UNTUNED and tuning.preferred(tuning.key(p.m, p.n, p.k, p.group_size, p.dtype)) is None:
-        return f"M = {p.m} > {GEMV_MAX_M_UNTUNED} and no tuned choice: the GEMM is faster there as a rule"
-    return common_refusal(p) or _prefers_other(p, "gemv")
+    return common_refusal(p)
+
+
+def rule_gemv(p) -> str | None:
+    return None if p.m <= GEMV_MAX_M_UNTUNED else f"M = {p.m} > {GEMV_MAX_M_UNTUNED}: the GEMM is faster there"
 
 
 def refuse_skinny(p) -> str | None:
     if p.m > skinny.MAX_M:
         return f"M = {p.m} > {skinny.MAX_M}: the skinny GEMM's narrow side is at most {skinny.MAX_M} rows"
-    if p.m == 1 and tuning.preferred(tuning.key(p.m, p.n, p.k, p.group_size, p.dtype)) is None:
-        return "M = 1 and no tuned choice: the GEMV is faster there as a rule"
     if not fmt.steps_fit_groups(p.group_size, 32):
         return f"group size {p.group_size} is not a multiple of 32 (the skinny GEMM's step)"
-    return common_refusal(p) or _capability_refusal() or _prefers_other(p, "skinny")
+    return common_refusal(p) or _capability_refusal()
+
+
+def rule_skinny(p) -> str | None:
+    return "M = 1: the GEMV is faster there" if p.m == 1 else None
 
 
 def _capability_refusal() -> str | None:
@@ -70,9 +66,11 @@ def _capability_refusal() -> str | None:
 
 
 def refuse_gemm(p) -> str | None:
-    if p.m >= DEQUANT_MIN_M:
-        return f"M = {p.m} >= {DEQUANT_MIN_M}: dequantize + cuBLAS is faster there"
-    return common_refusal(p) or _prefers_other(p, "gemm")
+    return common_refusal(p)
+
+
+def rule_gemm(p) -> str | None:
+    return f"M = {p.m} >= {DEQUANT_MIN_M}: dequantize + cuBLAS is faster there" if p.m >= DEQUANT_MIN_M else None
 
 
 def refuse_dequant(p) -> str | None:
@@ -82,11 +80,13 @@ def refuse_dequant(p) -> str | None:
 def refuse_gemm_a8(p) -> str | None:
     if not p.act_int8:
         return "the activations are not int8-quantized (a W1.58A8 kernel)"
-    if p.m < A8_MIN_M:
-        return f"M = {p.m} < {A8_MIN_M}: decode-sized problems run the bf16 kernels on x_q / s"
     if not fmt.steps_fit_groups(p.group_size, 32):
         return f"group size {p.group_size} is not a multiple of 32 (the int8 dot's K step)"
     return common_refusal(p)
+
+
+def rule_gemm_a8(p) -> str | None:
+    return f"M = {p.m} < {A8_MIN_M}: the bf16 kernels on x_q / s are faster there" if p.m < A8_MIN_M else None
 
 
 def _flat(x: torch.Tensor) -> torch.Tensor:  # (..., K) -> (M, K) with unit stride along K
@@ -100,7 +100,7 @@ def _run_tuned(name: str, launch, config_type, candidates, x, packed, scale, gro
     m, k = x2.shape
     n = packed.shape[0]
     words = packed.view(torch.int32)
-    key = tuning.key(m, n, k, group_size, x.dtype)
+    key = tuning.key(m, n, k, group_size, x.dtype, name.startswith("triton_gemm_a8"))
     cfg = tuning.lookup(name, key, config_type)
     if cfg is None and tuning.autotune_enabled():
         calls = lambda c: [lambda: launch(x2, words, scale, group_size, None, c)] * 20  # noqa: E731
@@ -110,17 +110,17 @@ def _run_tuned(name: str, launch, config_type, candidates, x, packed, scale, gro
 
 
 def run_gemv(x, packed, scale, group_size, bias=None):
-    return _run_tuned("gemv", gemv.gemv, gemv.GemvConfig, lambda m, g: gemv.CONFIGS,
+    return _run_tuned("triton_gemv", gemv.gemv, gemv.GemvConfig, lambda m, g: gemv.CONFIGS,
                       x, packed, scale, group_size, bias)
 
 
 def run_skinny(x, packed, scale, group_size, bias=None):
-    return _run_tuned("skinny", skinny.skinny, skinny.SkinnyConfig, skinny.configs_for, x, packed, scale, group_size,
+    return _run_tuned("triton_skinny", skinny.skinny, skinny.SkinnyConfig, skinny.configs_for, x, packed, scale, group_size,
                       bias)
 
 
 def run_gemm(x, packed, scale, group_size, bias=None):
-    return _run_tuned("gemm", gemm.gemm, gemm.GemmConfig, gemm.configs_for, x, packed, scale, group_size, bias)
+    return _run_tuned("triton_gemm", gemm.gemm, gemm.GemmConfig, gemm.configs_for, x, packed, scale, group_size, bias)
 
 
 # from this many rows up, with one scale per row, the int8 GEMM reads a dense int8 copy of the codes
@@ -129,9 +129,9 @@ A8_DENSE_MIN_M = 256
 
 def run_gemm_a8(x, packed, scale, group_size, bias=None):
     if group_size == fmt.PER_ROW and x.numel() // x.shape[-1] >= A8_DENSE_MIN_M:
-        return _run_tuned("dense_a8", gemm_a8.dense_a8, gemm_a8.GemmA8Config, lambda m, g: gemm_a8.dense_configs(),
+        return _run_tuned("triton_gemm_a8_dense", gemm_a8.dense_a8, gemm_a8.GemmA8Config, lambda m, g: gemm_a8.dense_configs(),
                           x, packed, scale, group_size, bias)
-    return _run_tuned("gemm_a8", gemm_a8.gemm_a8, gemm_a8.GemmA8Config, gemm_a8.configs_for,
+    return _run_tuned("triton_gemm_a8", gemm_a8.gemm_a8, gemm_a8.GemmA8Config, gemm_a8.configs_for,
                       x, packed, scale, group_size, bias)
 
 
