@@ -150,6 +150,13 @@ def check_lm_eval(python: str) -> str:
     return proc.stdout.strip()
 
 
+def server_errors(log: str, lines: int = 15) -> str:
+    """The last ``lines`` lines of a server's log from its last error on (a traceback's end, not the shutdown)."""
+    text = log.splitlines()
+    last = max((i for i, line in enumerate(text) if "Error" in line and "UserWarning" not in line), default=None)
+    return "\n".join(text[max(0, last - lines + 3):last + 3] if last is not None else text[-lines:])
+
+
 def run_gsm8k(ckpt: str | Path, opts: Gsm8kOptions = Gsm8kOptions(), log=print) -> Gsm8kResult:
     """Serve ``ckpt``, score it on GSM8K with lm-eval, stop the server; see the module docstring."""
     from trit.checkpoint import open_checkpoint
@@ -176,11 +183,13 @@ def run_gsm8k(ckpt: str | Path, opts: Gsm8kOptions = Gsm8kOptions(), log=print) 
                 args = {"model_args": model_args, "task": TASK, "fewshot": opts.fewshot, "limit": opts.limit,
                         "include": str(work / "tasks"), "out": str(work / "results.json")}
                 proc = subprocess.run([python, "-c", LM_EVAL_SCRIPT, json.dumps(args)], capture_output=True, text=True)
+                server_tail = server_errors(server.log_text())
         except ServerError as e:
             raise Gsm8kError(str(e)) from None
         if proc.returncode != 0 or not (work / "results.json").is_file():
             tail = "\n".join((proc.stderr or proc.stdout).splitlines()[-20:])
-            raise Gsm8kError(f"lm-eval failed (exit status {proc.returncode}):\n{tail}")
+            raise Gsm8kError(f"lm-eval failed (exit status {proc.returncode}):\n{tail}\n"
+                             f"the end of the vLLM server's log:\n{server_tail}")
         raw = json.loads((work / "results.json").read_text())
     entry = raw["results"][TASK]
     result.lm_eval_results = entry
