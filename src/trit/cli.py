@@ -324,12 +324,13 @@ def _bench_parser(sub) -> None:
                  "field (h100.json on an H100); a GPU without one runs the rules of thumb. --explain prints, for\n"
                  "each layer and M, the layout and kernel this machine would choose and why, and times nothing.",
                  "trit bench kernels --tune-ms 4,16,64 --out benchmarks/results --tuned-out h200.json\n"
+                 "  trit bench kernels --models llama3-8b,bitnet-2b4t --activations int8 --group -1 --peers humming\n"
                  "  trit bench kernels --explain --models llama3-8b --ms 1,64 --activations int8")
     k.add_argument("--out", type=Path, default=Path("benchmarks/results"), help="folder for kernels.json/png")
     k.add_argument("--quick", action="store_true", help="M in {1, 4} only")
     k.add_argument("--ms", default=None, help="the M values, comma-separated (default: 1,4,16,64,128,256,512,2048)")
     k.add_argument("--models", default=None, help="these models' layer shapes only, comma-separated "
-                   "(default: llama3-8b,qwen2-1.5b,27b)")
+                   "(default: llama3-8b,qwen2-1.5b,27b; also bitnet-2b4t)")
     k.add_argument("--no-tune", action="store_true", help="time the configs as they are, without tuning first")
     k.add_argument("--tune-ms", default=None, help="tune only these M values; the others run the table as it is")
     k.add_argument("--tuned-out", type=Path, default=None,
@@ -342,7 +343,11 @@ def _bench_parser(sub) -> None:
     k.add_argument("--explain", action="store_true", help="print each layer's layout and kernel choice with "
                    "the reasons, on this machine; time nothing")
     k.add_argument("--activations", choices=["bf16", "int8"], default="bf16",
-                   help="with --explain: the activations the layers take (int8: W1.58A8)")
+                   help="the activations the layers take (int8: rounded per token, W1.58A8, inside the timed op)")
+    k.add_argument("--group", type=int, default=fmt.DEFAULT_GROUP_SIZE,
+                   help="inputs a weight scale (-1: one scale a row, as BitNet imports hold them)")
+    k.add_argument("--peers", default="", help="other libraries' kernels timed on the same weights, comma-separated "
+                   "(humming: humming-kernels' W2A16 and W2A8)")
     c = _command(bsub, "check", "compare a result file already written with a baseline (regression guard)",
                  "A kernels.json or a trit bench serve JSON: each figure against the same key of the baseline.",
                  "trit bench check benchmarks/results/kernels.json --baseline benchmarks/baselines/kernels_h200.json")
@@ -506,16 +511,19 @@ def _dispatch(args: argparse.Namespace) -> int:
 
         return bench_a8(args.out)
     if args.command == "bench" and args.what == "kernels":
-        from trit.bench.kernels import explain
+        from trit.bench.kernels import Setting, explain
         from trit.bench.kernels import main as bench_kernels
 
         ms = tuple(int(m) for m in args.ms.split(",")) if args.ms else None
+        models = tuple(args.models.split(",")) if args.models else None
+        fmt.check_group_size(args.group, "--group")
+        setting = Setting(args.group, args.activations == "int8", tuple(p for p in args.peers.split(",") if p))
         if args.explain:
-            return explain(tuple(args.models.split(",")) if args.models else None, ms, args.activations == "int8")
+            return explain(models, ms, setting)
         tune_ms = tuple(int(m) for m in args.tune_ms.split(",")) if args.tune_ms else None
         return bench_kernels(args.out, quick=args.quick, tune=not args.no_tune, tuned_out=args.tuned_out, ms=ms,
                              tune_ms=tune_ms, baseline=args.baseline, write_baseline=args.write_baseline,
-                             tolerance=args.tolerance, models=tuple(args.models.split(",")) if args.models else None)
+                             tolerance=args.tolerance, models=models, setting=setting)
     if args.command == "bench" and args.what == "check":
         from trit.bench.guard import check
 

@@ -12,12 +12,15 @@ from trit.bench import kernels
 
 
 def test_the_layer_shapes_are_the_models_of_the_other_benchmarks() -> None:
-    """qkv, o, gate_up and down of each model as ``trit bench decode`` and ``serve`` build it (their configs)."""
+    """qkv, o, gate_up and down of each model as ``trit bench decode`` and ``serve`` build it (their configs), and
+    BitNet b1.58 2B4T's (hidden 2560, intermediate 6912, 20 heads and 5 KV heads of 128), timed on request."""
     assert kernels.SHAPES == {
         "llama3-8b": (("qkv", 6144, 4096), ("o", 4096, 4096), ("gate_up", 28672, 4096), ("down", 4096, 14336)),
         "qwen2-1.5b": (("qkv", 2048, 1536), ("o", 1536, 1536), ("gate_up", 17920, 1536), ("down", 1536, 8960)),
         "27b": (("qkv", 8192, 5376), ("o", 5376, 4096), ("gate_up", 43008, 5376), ("down", 5376, 21504)),
+        "bitnet-2b4t": (("qkv", 3840, 2560), ("o", 2560, 2560), ("gate_up", 13824, 2560), ("down", 2560, 6912)),
     }
+    assert kernels.DEFAULT_MODELS == ("llama3-8b", "qwen2-1.5b", "27b")
 
 
 def test_an_unknown_model_is_refused_by_name(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
@@ -93,3 +96,24 @@ def test_explain_prints_each_layers_layout_and_kernel_with_every_candidates_answ
         assert block.count("chosen (the rule of thumb)") == 2
     bad = trit("bench", "kernels", "--explain", "--models", "gpt5", check=False)
     assert bad.returncode == 2 and "no layer shapes for gpt5" in bad.stderr
+
+
+def test_the_peers_are_checked_before_any_work(capsys: pytest.CaptureFixture[str]) -> None:
+    from trit.bench import peers
+
+    assert peers.missing(("nope",)) == "no peer named nope; the peers are humming"
+    assert peers.missing(("humming",)) == "--peers needs humming-kernels: pip install humming-kernels"
+
+
+def test_trits_codes_become_hummings_uint2_codes_one_higher_in_the_same_bits() -> None:
+    import torch
+
+    from trit import format as fmt
+    from trit.bench import peers
+
+    g = torch.Generator().manual_seed(0)
+    w = torch.randint(-1, 2, (5, 64), generator=g, dtype=torch.int8)
+    words = peers.humming_weight(fmt.pack(w))  # (5, 4) int32: 16 codes a word, element i in bits 2i
+    assert words.dtype == torch.int32 and words.shape == (5, 4)
+    fields = (words.to(torch.int64)[..., None] >> (2 * torch.arange(16))) & 3
+    assert torch.equal(fields.reshape(5, 64), w.to(torch.int64) + 2)

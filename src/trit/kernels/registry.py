@@ -86,7 +86,7 @@ class Kernel:
         if self.run_a8 is not None:
             return self.run_a8(x, packed, scale, group_size, bias)
         assert self.run is not None
-        return self.run(reference.fake_quantize_activations_int8(x), packed, scale, group_size, bias)
+        return self.run(cuda_launch.fake_quantize(x), packed, scale, group_size, bias)
 
     def run_tiled(self, x: torch.Tensor, r: MmaWeights, bias, act_int8: bool = False) -> torch.Tensor:
         """Run it on the mma layout; with ``act_int8`` and no int8 path of its own, as :meth:`__call__`."""

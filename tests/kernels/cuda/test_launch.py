@@ -41,6 +41,26 @@ def test_each_size_runs_its_kernel_and_matches_the_reference(m: int, n: int, k: 
     assert float((y - want).norm() / want.norm()) < 1e-2
 
 
+@gpu
+@pytest.mark.parametrize(("n", "k", "g"), [(4098, 576, 64), (33, 192, fmt.PER_ROW), (50, 640, 128)])
+@pytest.mark.parametrize("m", [1, 3, 17, 100, 300, 2048])
+def test_int8_activations_on_the_mma_layout_match_the_w158a8_reference(m: int, n: int, k: int, g: int) -> None:
+    """W1.58A8 (BitNet's per-token int8 activations) through the mma layout's kernels, whichever each size goes
+    to, against the reference's int8 arithmetic (exact integer sums, then the scales)."""
+    from trit.kernels.reference import linear_a8
+
+    kp = fmt.padded_k(k, g)
+    packed = random_packed((n, kp // 4), "cuda")
+    scale = (torch.rand(n, fmt.num_groups(g, kp), device="cuda") * 0.02 + 0.005).to(torch.bfloat16)
+    r = mma.repack(packed, scale, g, k)
+    x = torch.randn(m, k, dtype=torch.bfloat16, device="cuda") * torch.rand(m, 1, device="cuda").to(torch.bfloat16)
+    y = torch.ops.trit.linear_tiled(x, r.wq, r.sc, n, g, None, True).float()
+    want = linear_a8(x.float(), packed, scale.float(), g).float()
+    assert float((y - want).norm() / want.norm()) < 1e-2
+    plain = torch.ops.trit.linear_tiled(x, r.wq, r.sc, n, g, None).float()
+    assert float((plain - want).norm() / want.norm()) > float((y - want).norm() / want.norm())  # rounded, really
+
+
 def test_a_problems_launch_is_planned_once_until_the_tables_change(monkeypatch: pytest.MonkeyPatch) -> None:
     from trit.kernels import tuning
 

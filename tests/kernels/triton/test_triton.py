@@ -212,11 +212,11 @@ def test_torch_compile_fullgraph_has_no_graph_breaks() -> None:
 @pytest.mark.parametrize("k", [576, 96, 2880] if CUDA else [576, 96])
 @pytest.mark.parametrize("dtype", DTYPES)
 def test_quantize_rows_equals_reference(k: int, dtype: torch.dtype) -> None:
-    from trit.kernels.triton import gemm_a8
+    from trit.kernels.triton import quantize
 
     x, _ = inputs(7, k, 1, dtype, bias=False, seed=k)
     x[3] = 0  # an all-zero row: the 1e-5 floor, codes all zero
-    q, s = gemm_a8.quantize_rows(x)
+    q, s = quantize.quantize_rows(x)
     q_ref, s_ref = reference.quantize_activations_int8(x.cpu())
     torch.testing.assert_close(s.cpu(), s_ref[:, 0], rtol=2**-22, atol=0)
     assert (q.cpu().int() - q_ref.int()).abs().max() <= 1  # a tie may round apart (different 1/max rounding)
@@ -224,6 +224,25 @@ def test_quantize_rows_equals_reference(k: int, dtype: torch.dtype) -> None:
     apart = q.cpu() != q_ref
     v = (x.cpu().float() * s_ref)[apart]
     assert ((v - v.floor() - 0.5).abs() < 1e-4).all(), v
+
+
+@pytest.mark.parametrize("k", [576, 96, 4096] if CUDA else [576, 96])
+@pytest.mark.parametrize("dtype", DTYPES)
+def test_fake_quantize_rows_is_one_launch_of_the_reference(k: int, dtype: torch.dtype) -> None:
+    """``x_q / s`` in x's dtype, as the reference rounds it: the activations every W1.58A8 kernel without an int8
+    path of its own multiplies by (the mma layout's kernels)."""
+    from trit.kernels.triton import quantize
+
+    x, _ = inputs(7, k, 1, dtype, bias=False, seed=k + 1)
+    x[3] = 0
+    wide = torch.cat([x, x], dim=1)[:, :k]  # rows two K apart: the row stride is honoured
+    y = quantize.fake_quantize_rows(wide)
+    want = reference.fake_quantize_activations_int8(x.cpu())
+    assert y.dtype == dtype and y.shape == (7, k) and (y.cpu()[3] == 0).all()
+    _, s = reference.quantize_activations_int8(x.cpu())
+    assert ((y.cpu().float() - want.float()) * s).abs().max() <= 1.01  # at most one code apart, at a tie
+    assert (y.cpu() == want).float().mean() > 0.999  # and that only at ties
+    assert quantize.fake_quantize_rows(x[:0]).shape == (0, k)
 
 
 @pytest.mark.parametrize(("n", "k", "group"), SHAPES)

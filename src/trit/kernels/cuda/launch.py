@@ -177,7 +177,11 @@ def run_dequant(x: torch.Tensor, r: mma.MmaWeights, bias: torch.Tensor | None) -
 
 def fake_quantize(x: torch.Tensor) -> torch.Tensor:
     """BitNet's per-token int8 rounding of ``x`` and back (``x_q / s`` in ``x.dtype``), for the kernels that take
-    W1.58A8 problems on bf16 arithmetic."""
+    W1.58A8 problems on bf16 or fp16 arithmetic: one Triton launch on CUDA, the reference elsewhere."""
+    if x.is_cuda and x.dtype in (torch.bfloat16, torch.float16):
+        from trit.kernels.triton.quantize import fake_quantize_rows
+
+        return fake_quantize_rows(x)
     from trit.kernels.reference import fake_quantize_activations_int8
 
     return fake_quantize_activations_int8(x)

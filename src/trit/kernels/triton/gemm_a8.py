@@ -1,8 +1,7 @@
 """W1.58A8 on int8 tensor cores: BitNet's int8 per-token activations times ternary weights, for prefill.
 
-Two kernels. ``_quantize_rows`` turns each activation row into int8 codes and
-its scale in one pass (``s = 127 / max|x|``, ``x_q = clamp(round(x * s))``,
-as :func:`trit.kernels.reference.quantize_activations_int8`). ``_gemm_a8``
+The activations are rounded per token in one launch
+(:func:`trit.kernels.triton.quantize.quantize_rows`). ``_gemm_a8``
 decodes a ``[BLOCK_N, BLOCK_K]`` tile of ternary codes to int8 in registers,
 multiplies it with the int8 activations by ``tl.dot`` into int32 (exact: the
 sums are integers), and scales once per group in fp32 (with one scale per row,
@@ -30,6 +29,7 @@ import triton.language as tl
 
 from trit import format as fmt
 from trit.kernels.triton.codes import decode_i8
+from trit.kernels.triton.quantize import quantize_rows
 from trit.kernels.triton.schedule import grouped_tile
 
 
@@ -58,26 +58,6 @@ def configs_for(m: int, group_size: int) -> tuple[GemmA8Config, ...]:
     ks = [k for k in (64, 128) if fmt.steps_fit_groups(group_size, k)] or [32]
     tiles = [(64, 64, 4, 3), (64, 128, 4, 3)] if m <= 64 else [(128, 128, 8, 3), (128, 256, 8, 3), (128, 128, 4, 4)]
     return tuple(GemmA8Config(bm, bn, bk, 8, nw, st) for bm, bn, nw, st in tiles for bk in ks)
-
-
-@triton.jit
-def _quantize_rows(
-    x_ptr,  # (M, K) bf16/fp16/fp32, row stride stride_xm
-    q_ptr,  # (M, K) int8
-    s_ptr,  # (M,) f32: 127 / max|x|
-    K, stride_xm,
-    BLOCK: tl.constexpr,  # >= K, a power of two
-):
-    row = tl.program_id(0)
-    offs = tl.arange(0, BLOCK)
-    x = tl.load(x_ptr + row * stride_xm + offs, mask=offs < K, other=0.0).to(tl.float32)
-    s = 127.0 / tl.maximum(tl.max(tl.abs(x), axis=0), 1e-5)
-    v = x * s
-    # round half to even, as torch.round: adding 1.5 * 2**23 leaves no fraction bits (|v| <= 127)
-    r = (v + 12582912.0) - 12582912.0
-    q = tl.minimum(tl.maximum(r, -128.0), 127.0)
-    tl.store(q_ptr + row * K + offs, q.to(tl.int8), mask=offs < K)
-    tl.store(s_ptr + row, s)
 
 
 @triton.jit
@@ -215,16 +195,6 @@ def dense_configs() -> tuple[GemmA8Config, ...]:
     return (GemmA8Config(128, 256, 128, 8, 8, 3), GemmA8Config(128, 128, 128, 8, 8, 4),
             GemmA8Config(256, 128, 128, 8, 8, 3), GemmA8Config(128, 256, 64, 8, 8, 4),
             GemmA8Config(128, 128, 128, 8, 4, 4))
-
-
-def quantize_rows(x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-    """(M, K) float -> int8 codes (M, K) and f32 scales (M,): one pass per row."""
-    m, k = x.shape
-    q = torch.empty((m, k), device=x.device, dtype=torch.int8)
-    s = torch.empty((m,), device=x.device, dtype=torch.float32)
-    block = triton.next_power_of_2(k)
-    _quantize_rows[(m,)](x, q, s, k, x.stride(0), BLOCK=block, num_warps=min(16, max(1, block // 512)))
-    return q, s
 
 
 def gemm_a8(
