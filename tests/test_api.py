@@ -25,16 +25,19 @@ def test_help_shows_the_api() -> None:
     assert "A trit (or float) checkpoint as a transformers model" in out and "GPTQConfig" in out
 
 
-def test_configs_map_onto_the_converters_options() -> None:
-    opts = trit.api.convert_options(trit.GPTQConfig(planes=2, calib="wikitext2", passes=1), trit.Layout(keep=("x",)))
-    assert (opts.method, opts.planes, opts.calib.file, opts.passes, opts.keep) == (Method.GPTQ, 2, "wikitext2", 1,
-                                                                                 ("x",))
-    assert trit.api.convert_options(trit.AbsmeanConfig(group_size=32)).method is Method.ABSMEAN
-    assert trit.api.convert_options(trit.TWNConfig(planes=2)).planes == 2
-    defaults = trit.api.convert_options(trit.GPTQConfig())
-    assert (defaults.act_order, defaults.passes, defaults.damp) == (True, 3, 0.01)  # the CLI's defaults
-    with pytest.raises(TypeError, match="expected AbsmeanConfig, TWNConfig or GPTQConfig"):
-        trit.api.convert_options("gptq")  # type: ignore[arg-type]
+def test_the_configs_are_the_api_and_carry_every_option_the_cli_has() -> None:
+    """One config type a scheme: the method is the type; the GPTQ settings and calibration live in it."""
+    config = trit.GPTQConfig(planes=2, calib=trit.CalibConfig("wikitext2"), passes=1)
+    assert (config.method, config.planes, config.calib.file, config.passes) == (Method.GPTQ, 2, "wikitext2", 1)
+    assert trit.AbsmeanConfig(group_size=32).method is Method.ABSMEAN and trit.TWNConfig(planes=2).planes == 2
+    defaults = trit.GPTQConfig()
+    assert (defaults.act_order, defaults.passes, defaults.damp, defaults.rotates) == (True, 3, 0.01, True)
+    assert defaults.gptq().passes == 3 and trit.W4A8Config().gptq().int_bits == 4
+    assert (trit.Layout(lm_head="int8").lm_head, trit.CalibConfig(first="bos").first) == ("int8", "bos")
+    with pytest.raises(TypeError, match="expected AbsmeanConfig, TWNConfig, GPTQConfig or W4A8Config"):
+        trit.quantize("m", "o", "gptq")  # type: ignore[arg-type]
+    with pytest.raises(ValueError, match="lm_head: expected one of"):
+        trit.Layout(lm_head="fp8")
 
 
 def test_import_trit_vllm_stays_light() -> None:

@@ -9,11 +9,11 @@ import pytest
 import torch
 
 from trit import runtime
-from trit.calibrate import CalibOptions, windows_from_text
+from trit.calibrate import windows_from_text
 from trit.cli import main
-from trit.convert import ConvertOptions, convert
+from trit.configs import AbsmeanConfig, CalibConfig, GPTQConfig
+from trit.convert import convert
 from trit.eval.audit import audit
-from trit.quant import Method
 
 TEXT = ("The ternary weights were packed four to a byte. " * 8 + "A layer reads its inputs once per token. " * 8) * 6
 
@@ -49,10 +49,10 @@ def test_windows_from_text_spread_over_the_stream() -> None:
 @pytest.mark.parametrize("float_target", [True, False])
 def test_gptq_model_is_closer_to_float_than_absmean(tiny: Path, calib_file: Path, tmp_path: Path,
                                                     float_target: bool) -> None:
-    calib = CalibOptions(calib_file, samples=8, seq_len=64, batch=4)
-    opts = ConvertOptions(method=Method.GPTQ, group_size=32, calib=calib, float_target=float_target)
+    calib = CalibConfig(calib_file, samples=8, seq_len=64, batch=4)
+    opts = GPTQConfig(32, calib=calib, float_target=float_target)
     convert(tiny, tmp_path / "gptq", opts, progress=False, log=lambda s: None)
-    convert(tiny, tmp_path / "absmean", ConvertOptions(method=Method.ABSMEAN, group_size=32), progress=False, log=lambda s: None)
+    convert(tiny, tmp_path / "absmean", AbsmeanConfig(32), progress=False, log=lambda s: None)
     assert audit(tmp_path / "gptq").ok
     tok = runtime.load(tiny, device="cpu").tokenizer
     ids = tok(TEXT[:200], return_tensors="pt").input_ids
@@ -61,9 +61,9 @@ def test_gptq_model_is_closer_to_float_than_absmean(tiny: Path, calib_file: Path
 
 @torch.no_grad()
 def test_two_planes_load_audit_and_beat_one(tiny: Path, calib_file: Path, tmp_path: Path) -> None:
-    calib = CalibOptions(calib_file, samples=8, seq_len=64, batch=4)
+    calib = CalibConfig(calib_file, samples=8, seq_len=64, batch=4)
     for planes in (1, 2):
-        opts = ConvertOptions(method=Method.GPTQ, group_size=32, calib=calib, planes=planes, act_order=True,
+        opts = GPTQConfig(32, planes=planes, calib=calib, act_order=True,
                               float_target=False)  # the same recipe for both (plain GPTQ)
         convert(tiny, tmp_path / f"p{planes}", opts, progress=False, log=lambda s: None)
     q = json.loads((tmp_path / "p2" / "config.json").read_text())["quantization_config"]
@@ -91,15 +91,15 @@ def test_random_first_token_starts_each_sampled_window_apart(tiny: Path) -> None
 
     ckpt = open_checkpoint(tiny)
     special = set(AutoTokenizer.from_pretrained(tiny).all_special_ids)
-    bos = calibration_ids(ckpt, CalibOptions(samples=6, seq_len=12, batch=3, first="bos"), "cpu")
-    rnd = calibration_ids(ckpt, CalibOptions(samples=6, seq_len=12, batch=3), "cpu")  # the default
+    bos = calibration_ids(ckpt, CalibConfig(samples=6, seq_len=12, batch=3, first="bos"), "cpu")
+    rnd = calibration_ids(ckpt, CalibConfig(samples=6, seq_len=12, batch=3), "cpu")  # the default
     assert bos.shape == rnd.shape == (6, 12)
     assert len(set(bos[:, 0].tolist())) == 1 and (rnd[:, 0] == bos[0, 0]).all()  # BOS first, either way
     assert len(set(rnd[:, 1].tolist())) > 1 and not special & set(rnd[:, 1].tolist())
-    again = calibration_ids(ckpt, CalibOptions(samples=6, seq_len=12, batch=3, first="random", cache=False), "cpu")
+    again = calibration_ids(ckpt, CalibConfig(samples=6, seq_len=12, batch=3, first="random", cache=False), "cpu")
     assert torch.equal(rnd, again)  # seeded (sampled again: the cache left out)
     with pytest.raises(ValueError, match="first: expected one of bos, random"):
-        calibration_ids(ckpt, CalibOptions(samples=2, seq_len=8, first="text"), "cpu")
+        calibration_ids(ckpt, CalibConfig(samples=2, seq_len=8, first="text"), "cpu")
 
 
 def test_sampled_windows_are_kept_and_reused(tiny: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
@@ -116,15 +116,15 @@ def test_sampled_windows_are_kept_and_reused(tiny: Path, tmp_path: Path, monkeyp
     calls = []
     real = calibrate.sample_from_model
     monkeypatch.setattr(calibrate, "sample_from_model", lambda *a, **kw: calls.append(a[2:]) or real(*a, **kw))
-    opts = CalibOptions(samples=4, seq_len=10, batch=2)
+    opts = CalibConfig(samples=4, seq_len=10, batch=2)
     first = calibrate.calibration_ids(open_checkpoint(model), opts, "cpu")
     path = calibrate.sample_cache_path(model, opts, "cpu")
     assert path.is_file() and path.parent == tmp_path / "cache" / "calib" and len(calls) == 1
     assert torch.equal(calibrate.calibration_ids(open_checkpoint(model), opts, "cpu"), first) and len(calls) == 1
     # another seed, another device type, the cache switched off: sampled again
-    calibrate.calibration_ids(open_checkpoint(model), CalibOptions(samples=4, seq_len=10, batch=2, seed=1), "cpu")
+    calibrate.calibration_ids(open_checkpoint(model), CalibConfig(samples=4, seq_len=10, batch=2, seed=1), "cpu")
     assert calibrate.sample_cache_path(model, opts, "meta") != path
-    calibrate.calibration_ids(open_checkpoint(model), CalibOptions(samples=4, seq_len=10, batch=2, cache=False), "cpu")
+    calibrate.calibration_ids(open_checkpoint(model), CalibConfig(samples=4, seq_len=10, batch=2, cache=False), "cpu")
     assert len(calls) == 3
     # a checkpoint file changed (its modification time): another key
     config = model / "config.json"
@@ -138,7 +138,7 @@ def test_sampled_windows_are_kept_and_reused(tiny: Path, tmp_path: Path, monkeyp
     assert not list(path.parent.glob("*.tmp-*"))
     # the newest entries only
     monkeypatch.setattr(calibrate, "SAMPLE_CACHE_ENTRIES", 2)
-    calibrate.calibration_ids(open_checkpoint(model), CalibOptions(samples=4, seq_len=10, batch=2, seed=2), "cpu")
+    calibrate.calibration_ids(open_checkpoint(model), CalibConfig(samples=4, seq_len=10, batch=2, seed=2), "cpu")
     assert len(list(path.parent.glob("*.pt"))) == 2
     # TRIT_CALIB_CACHE moves the folder
     monkeypatch.setenv("TRIT_CALIB_CACHE", str(tmp_path / "elsewhere"))
@@ -161,7 +161,7 @@ def test_a_cache_that_cannot_be_written_is_passed_over(tiny: Path, tmp_path: Pat
         raise OSError(28, "No space left on device")
 
     monkeypatch.setattr(Path, "write_bytes", torn)
-    ids = calibrate.calibration_ids(open_checkpoint(tiny), CalibOptions(samples=2, seq_len=8, batch=2), "cpu")
+    ids = calibrate.calibration_ids(open_checkpoint(tiny), CalibConfig(samples=2, seq_len=8, batch=2), "cpu")
     assert ids.shape == (2, 8) and list(blocked.iterdir()) == []  # the windows, and nothing left behind
 
 
@@ -195,7 +195,7 @@ def test_float_target_default_follows_planes(tiny: Path, tmp_path: Path, monkeyp
 
     monkeypatch.setattr(trit.calibrate, "gptq_model", spy)
     with pytest.raises(Seen) as seen:
-        convert(tiny, tmp_path / "out", ConvertOptions(method=Method.GPTQ, group_size=32, planes=planes),
+        convert(tiny, tmp_path / "out", GPTQConfig(32, planes=planes),
                 progress=False, log=lambda s: None)
     assert seen.value.args == (want,) and not (tmp_path / "out").exists()
 

@@ -67,15 +67,31 @@ def test_quantize_bad_options(tiny_llama: Path, tmp_path: Path, flags: list[str]
     assert _no_output(tmp_path, "o")
 
 
-def test_quantize_gptq_defaults_are_the_measured_recipe() -> None:
-    """``trit quantize`` defaults to act-order and three passes, as ``ConvertOptions`` does; both can be undone."""
-    from trit.cli import convert_options, parser
-    from trit.convert import ConvertOptions
+def test_quantize_builds_the_typed_configs_with_their_defaults() -> None:
+    """``trit quantize`` parses its flags into the configs the Python API takes: unset, their defaults (act-order,
+    three passes, groups of 64); each scheme its own type; the serving choices in the Layout."""
+    from trit import format as fmt
+    from trit.cli import parser, quantize_configs
+    from trit.configs import AbsmeanConfig, CalibConfig, GPTQConfig, Layout, TWNConfig, W4A8Config
+    from trit.errors import OptionError
 
-    opts = convert_options(parser().parse_args(["quantize", "m", "o", "--method", "gptq"]))
-    assert opts == ConvertOptions() and (opts.act_order, opts.passes, opts.group_size) == (True, 3, 64)
-    opts = convert_options(parser().parse_args(["quantize", "m", "o", "--no-act-order", "--passes", "1"]))
-    assert (opts.act_order, opts.passes) == (False, 1)
+    def configs(*flags: str):
+        return quantize_configs(parser().parse_args(["quantize", "m", "o", *flags]))
+
+    config, layout = configs()
+    assert (config, layout) == (GPTQConfig(), Layout()) and (config.act_order, config.passes, config.group_size) == (
+        True, 3, 64)
+    config, _ = configs("--no-act-order", "--passes", "1", "--calib", "wikitext2", "--calib-first", "bos")
+    assert (config.act_order, config.passes, config.calib) == (False, 1, CalibConfig("wikitext2", first="bos"))
+    assert configs("--method", "twn", "--planes", "2")[0] == TWNConfig(planes=2)
+    assert configs("--method", "absmean", "--group-size", "-1")[0] == AbsmeanConfig(fmt.PER_ROW)
+    assert configs("--method", "absmean", "--planes", "2")[0] == AbsmeanConfig(planes=2)
+    _, layout = configs("--keep", "a, b", "--lm-head", "int8", "--activations", "int8", "--pad", "keep")
+    assert layout == Layout(("a", "b"), fmt.PadPolicy.KEEP, lm_head="int8",
+                            activations=fmt.ActivationQuant.INT8_PER_TOKEN)
+    assert configs("--scheme", "w4a8", "--group-size", "channel") == (W4A8Config(-1), Layout())
+    with pytest.raises(OptionError, match="--activations: ternary only"):
+        configs("--scheme", "w4a8", "--activations", "int8")
 
 
 def test_quantize_refuses_out_equal_to_model(tiny_llama: Path) -> None:

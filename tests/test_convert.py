@@ -12,7 +12,8 @@ from safetensors import safe_open
 
 from trit import format as fmt
 from trit.checkpoint import CheckpointError, open_checkpoint
-from trit.convert import ConvertError, ConvertOptions, convert
+from trit.configs import AbsmeanConfig, GPTQConfig, Layout, TWNConfig
+from trit.convert import ConvertError, convert
 from trit.quant import DATA_FREE, Method, quantize
 
 
@@ -24,7 +25,7 @@ def _left_behind(parent: Path) -> list[str]:
 @pytest.mark.parametrize("method", DATA_FREE)
 def test_converts_llama_family(tmp_path: Path, model_type: str, method: Method) -> None:
     src = make_tiny_model(tmp_path / "src", model_type=model_type, shards=2)
-    report = convert(src, tmp_path / "out", ConvertOptions(method=method, group_size=32), progress=False)
+    report = convert(src, tmp_path / "out", {Method.ABSMEAN: AbsmeanConfig, Method.TWN: TWNConfig}[method](32) if method is not Method.GPTQ else GPTQConfig(32), progress=False)
     out = open_checkpoint(tmp_path / "out")
     layers = fmt.layer_names(out.tensors)
     assert len(layers) == 2 * 7 and report.ternary_weights > 0
@@ -48,14 +49,14 @@ def test_converts_llama_family(tmp_path: Path, model_type: str, method: Method) 
 
 def test_pads_or_keeps_odd_k(tmp_path: Path) -> None:
     src = make_tiny_model(tmp_path / "src", hidden=96, intermediate=128, heads=4, kv_heads=2)  # K = 96 or 128
-    padded = convert(src, tmp_path / "pad", ConvertOptions(method=Method.ABSMEAN, group_size=64), progress=False)
+    padded = convert(src, tmp_path / "pad", AbsmeanConfig(64), progress=False)
     actions = {r.name.rsplit(".", 1)[1]: r.action for r in padded.layers}
     assert actions["down_proj"] == "ternary" and actions["up_proj"] == actions["q_proj"] == "padded"
     ckpt = open_checkpoint(tmp_path / "pad")
     assert ckpt.tensors["model.layers.0.mlp.up_proj.weight_packed"].shape == (128, 128 // 4)
     assert ckpt.tensors["model.layers.0.mlp.up_proj.weight_scale"].shape == (128, 2)
     assert "K=96 padded to 128 with zero weights" in padded.summary()
-    kept = convert(src, tmp_path / "keep", ConvertOptions(method=Method.ABSMEAN, group_size=64, pad_policy=fmt.PadPolicy.KEEP),
+    kept = convert(src, tmp_path / "keep", AbsmeanConfig(64), Layout(pad_policy=fmt.PadPolicy.KEEP),
                    progress=False)
     actions = {r.name.rsplit(".", 1)[1]: r.action for r in kept.layers}
     assert actions["down_proj"] == "ternary" and actions["up_proj"] == actions["q_proj"] == "kept"
@@ -66,12 +67,12 @@ def test_pads_or_keeps_odd_k(tmp_path: Path) -> None:
 
 def test_refuses_when_nothing_is_left(tmp_path: Path, tiny_llama: Path) -> None:
     with pytest.raises(ConvertError, match="no linear layer left to quantize"):
-        convert(tiny_llama, tmp_path / "o", ConvertOptions(keep=("model.layers.*",)), progress=False)
+        convert(tiny_llama, tmp_path / "o", GPTQConfig(), Layout(keep=("model.layers.*",)), progress=False)
     assert not (tmp_path / "o").exists()
 
 
 def test_keep_patterns(tmp_path: Path, tiny_llama: Path) -> None:
-    r = convert(tiny_llama, tmp_path / "o", ConvertOptions(method=Method.ABSMEAN, group_size=32, keep=("*.down_proj", "model.layers.0.self_attn.q_proj")),
+    r = convert(tiny_llama, tmp_path / "o", AbsmeanConfig(32), Layout(keep=("*.down_proj", "model.layers.0.self_attn.q_proj")),
                 progress=False)
     kept = sorted(x.name for x in r.layers if x.action == "kept")
     assert kept == ["model.layers.0.mlp.down_proj", "model.layers.0.self_attn.q_proj", "model.layers.1.mlp.down_proj"]
@@ -82,18 +83,18 @@ def test_keep_patterns(tmp_path: Path, tiny_llama: Path) -> None:
 
 def test_refuses_unmatched_keep(tmp_path: Path, tiny_llama: Path) -> None:
     with pytest.raises(ConvertError, match="--keep no_such_layer: matches no module"):
-        convert(tiny_llama, tmp_path / "o", ConvertOptions(keep=("no_such_layer",)), progress=False)
+        convert(tiny_llama, tmp_path / "o", GPTQConfig(), Layout(keep=("no_such_layer",)), progress=False)
     assert not (tmp_path / "o").exists()
 
 
 def test_refuses_out_equal_to_model(tiny_llama: Path) -> None:
     before = sorted(p.name for p in tiny_llama.iterdir())
     with pytest.raises(ConvertError, match="is MODEL_DIR"):
-        convert(tiny_llama, tiny_llama, ConvertOptions(overwrite=True), progress=False)
+        convert(tiny_llama, tiny_llama, overwrite=True, progress=False)
     with pytest.raises(ConvertError, match="inside MODEL_DIR"):
         convert(tiny_llama, tiny_llama / "sub", progress=False)
     with pytest.raises(ConvertError, match="would delete the source"):
-        convert(tiny_llama, tiny_llama.parent, ConvertOptions(overwrite=True), progress=False)
+        convert(tiny_llama, tiny_llama.parent, overwrite=True, progress=False)
     assert sorted(p.name for p in tiny_llama.iterdir()) == before
 
 
@@ -104,7 +105,7 @@ def test_refuses_non_empty_out_without_overwrite(tmp_path: Path, tiny_llama: Pat
     with pytest.raises(ConvertError, match="not empty; pass --overwrite"):
         convert(tiny_llama, out, progress=False)
     assert (out / "keep.txt").read_text() == "mine"
-    convert(tiny_llama, out, ConvertOptions(method=Method.ABSMEAN, group_size=32, overwrite=True), progress=False)
+    convert(tiny_llama, out, AbsmeanConfig(32), overwrite=True, progress=False)
     assert not (out / "keep.txt").exists() and (out / "config.json").is_file()
     assert _left_behind(tmp_path) == []
 
@@ -152,5 +153,5 @@ def test_interrupt_leaves_nothing(tmp_path: Path, tiny_llama: Path, monkeypatch:
 
     monkeypatch.setattr(conv, "quantize", interrupted)
     with pytest.raises(KeyboardInterrupt):
-        convert(tiny_llama, tmp_path / "o", ConvertOptions(method=Method.ABSMEAN, group_size=32), progress=False)
+        convert(tiny_llama, tmp_path / "o", AbsmeanConfig(32), progress=False)
     assert not (tmp_path / "o").exists() and _left_behind(tmp_path) == []

@@ -24,10 +24,10 @@ def test_demo_shows_a_ternary_model_within_twice_bf16() -> None:
 def test_the_heal_line_repeats_the_measured_recipe() -> None:
     """The demo's closing heal command is the committed best run's, with the flag that keeps its sampled sequences
     starting from BOS alone (they did; heal's default starts them from a random token since)."""
-    from trit.cli import heal_options, parser
+    from trit.cli import heal_config, parser
     from trit.demo import _heal_line
 
     command, measured = _heal_line().split("\n")
     assert command.endswith("--sample-first bos") and "perplexity 70.5" in measured
-    opts = heal_options(parser().parse_args(["heal", *command.split()[2:]]))
+    opts = heal_config(parser().parse_args(["heal", *command.split()[2:]]))
     assert (opts.sample_first, opts.mix_sampled, opts.training_samples()) == ("bos", 2048, 2048)

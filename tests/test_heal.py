@@ -9,12 +9,12 @@ import pytest
 import torch
 
 from trit import runtime
-from trit.convert import ConvertOptions, convert
+from trit.configs import AbsmeanConfig, HealConfig
+from trit.convert import convert
 from trit.eval.audit import audit
-from trit.heal import HealOptions, heal
-from trit.quant import Method
+from trit.heal import heal
 
-OPTS = HealOptions(steps=30, lr=3e-3, weight_lr=3e-3, batch=4, seq_len=32, train_samples=16, heldout_samples=4,
+OPTS = HealConfig(steps=30, lr=3e-3, weight_lr=3e-3, batch=4, seq_len=32, train_samples=16, heldout_samples=4,
                    eval_every=10, device="cpu", scales_first=0)
 
 
@@ -24,7 +24,7 @@ def pair(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, Path]:
 
     root = tmp_path_factory.mktemp("heal")
     src = make_checkpoint(root / "float")
-    convert(src, root / "trit", ConvertOptions(method=Method.ABSMEAN, group_size=32), progress=False, log=lambda s: None)
+    convert(src, root / "trit", AbsmeanConfig(32), progress=False, log=lambda s: None)
     return src, root / "trit"
 
 
@@ -72,8 +72,8 @@ def test_compiled_step_trains_as_the_eager_one(pair, tmp_path: Path, monkeypatch
 
 
 def test_compiles_by_default_on_cuda_only() -> None:
-    assert HealOptions().compiles("cuda") and HealOptions().compiles("cuda:0") and not HealOptions().compiles("cpu")
-    assert HealOptions(compile=True).compiles("cpu") and not HealOptions(compile=False).compiles("cuda")
+    assert HealConfig().compiles("cuda") and HealConfig().compiles("cuda:0") and not HealConfig().compiles("cpu")
+    assert HealConfig(compile=True).compiles("cpu") and not HealConfig(compile=False).compiles("cuda")
 
 
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA: inductor's GPU kernels")
@@ -120,7 +120,7 @@ def test_heal_from_text(pair, tmp_path: Path) -> None:
     teacher, ckpt = pair
     text = tmp_path / "train.txt"
     text.write_text("ternary weights, four to a byte; " * 60)
-    opts = HealOptions(steps=4, lr=3e-3, weight_lr=3e-3, batch=2, seq_len=32, data=text, train_samples=8,
+    opts = HealConfig(steps=4, lr=3e-3, weight_lr=3e-3, batch=2, seq_len=32, data=text, train_samples=8,
                        heldout_samples=2, eval_every=2, device="cpu", scales_first=0)
     report = heal(ckpt, teacher, tmp_path / "healed", opts, progress=False, log=lambda s: None)
     assert [s for s, _ in report.heldout] == [0, 2, 4]
@@ -142,7 +142,7 @@ def test_heldout_windows_are_the_texts_tail(pair, tmp_path: Path) -> None:
     text = tmp_path / "train.txt"
     text.write_text(" ".join(f"word{i} and" for i in range(400)))
     ids = tokenizer(text.read_text(), return_tensors="pt").input_ids[0]
-    opts = HealOptions(seq_len=32, data=text, train_samples=8, heldout_samples=3)
+    opts = HealConfig(seq_len=32, data=text, train_samples=8, heldout_samples=3)
     train, heldout = _sequences(None, tokenizer, opts)
     assert torch.equal(heldout.flatten(), ids[-3 * 32:])
     cut = ids.numel() - 3 * 32
@@ -191,11 +191,11 @@ def test_cli_runs_two_phases(pair, tmp_path: Path, capsys: pytest.CaptureFixture
 
 
 def test_cli_defaults_are_the_library_defaults() -> None:
-    """``trit heal`` with no options runs ``HealOptions()``: the measured recipe, two phases."""
+    """``trit heal`` with no options runs ``HealConfig()``: the measured recipe, two phases."""
     from trit.cli import parser
 
     args = parser().parse_args(["heal", "ckpt", "out", "--teacher", "teacher"])
-    defaults = HealOptions()
+    defaults = HealConfig()
     for name in ("steps", "lr", "weight_lr", "batch", "seq_len", "train_samples", "heldout_samples", "sample_batch",
                  "scales_first", "scales_first_lr", "eval_every", "grad_checkpointing", "freeze_codes",
                  "train_embeddings", "data", "device", "compile", "mix_sampled", "sample_first"):
@@ -233,7 +233,7 @@ def test_train_embeddings_writes_them(tmp_path: Path, tie: bool) -> None:
     from trit.synthetic import make_checkpoint
 
     teacher = make_checkpoint(tmp_path / "float", tie=tie)
-    convert(teacher, tmp_path / "trit", ConvertOptions(method=Method.ABSMEAN, group_size=32), progress=False, log=lambda s: None)
+    convert(teacher, tmp_path / "trit", AbsmeanConfig(32), progress=False, log=lambda s: None)
     opts = dataclasses.replace(OPTS, freeze_codes=True, train_embeddings=True, weight_lr=1e-2, steps=10)
     report = heal(tmp_path / "trit", teacher, tmp_path / "healed", opts, progress=False, log=lambda s: None)
     assert report.best[0] > 0
@@ -253,7 +253,7 @@ def test_snapshot_copies_a_tied_embedding_once(tmp_path: Path) -> None:
     from trit.synthetic import make_checkpoint
 
     teacher = make_checkpoint(tmp_path / "float", tie=True)
-    convert(teacher, tmp_path / "trit", ConvertOptions(method=Method.ABSMEAN, group_size=32), progress=False, log=lambda s: None)
+    convert(teacher, tmp_path / "trit", AbsmeanConfig(32), progress=False, log=lambda s: None)
     student = runtime.load(tmp_path / "trit", device="cpu", dtype=torch.float32, warm=False).model
     qat = heal_module._swap_in_qat(student)
     state, _ = heal_module._snapshot(student, qat)
@@ -301,7 +301,7 @@ def test_sampled_sequences_start_as_told(pair, tmp_path: Path, first: str, monke
     opts = dataclasses.replace(OPTS, steps=2, eval_every=2, sample_first=first)
     report = heal(ckpt, teacher, tmp_path / "out", opts, progress=False)
     assert seen == [first] and report.train_windows.shape == (OPTS.train_samples, OPTS.seq_len)
-    assert HealOptions().sample_first == "random"
+    assert HealConfig().sample_first == "random"
 
 
 def test_cli_passes_sample_first(pair, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
@@ -319,14 +319,14 @@ def test_cli_passes_sample_first(pair, tmp_path: Path, monkeypatch: pytest.Monke
 def test_training_sequences_default_to_4096_sampled_and_2048_windows_of_text(tmp_path: Path) -> None:
     """Data-free heal trains on 4096 sampled sequences (the default chosen across domains); with --data, 2048
     windows of the text (the text recipe as measured); an explicit count wins either way, on the CLI too."""
-    from trit.cli import heal_options, parser
+    from trit.cli import heal_config, parser
 
-    assert HealOptions().training_samples() == 4096
-    assert HealOptions(data=tmp_path / "text.txt").training_samples() == 2048
-    assert HealOptions(train_samples=100, data=tmp_path / "text.txt").training_samples() == 100
+    assert HealConfig().training_samples() == 4096
+    assert HealConfig(data=tmp_path / "text.txt").training_samples() == 2048
+    assert HealConfig(train_samples=100, data=tmp_path / "text.txt").training_samples() == 100
 
     def parsed(*flags: str) -> int:
-        return heal_options(parser().parse_args(["heal", "CKPT", "OUT", "--teacher", "T", *flags])).training_samples()
+        return heal_config(parser().parse_args(["heal", "CKPT", "OUT", "--teacher", "T", *flags])).training_samples()
 
     assert (parsed(), parsed("--data", "text.txt"), parsed("--train-samples", "8")) == (4096, 2048, 8)
 
@@ -340,9 +340,9 @@ def test_sample_batch_defaults_to_the_device_and_its_free_memory() -> None:
     smol = LlamaConfig(hidden_size=576, num_hidden_layers=30, num_attention_heads=9, num_key_value_heads=3)
     seq = kv_cache_bytes(smol, 512)
     assert seq == 2 * 30 * 3 * 64 * 4 * 512
-    d = HealOptions()
+    d = HealConfig()
     assert d.sampling_batch("cpu", seq, None) == 64 and d.sampling_batch("cuda") == 512
     assert d.sampling_batch("cuda:0", seq, 135 * 2**30) == 512  # an H200: 512 sequences' 12 GB fit a quarter
     assert d.sampling_batch("cuda", seq, 22 * 2**30) == 128  # a 24 GB card: halved twice, to 3 GB
     assert d.sampling_batch("cuda", 2**40, 2**30) == 1  # nothing fits: one at a time, never zero
-    assert HealOptions(sample_batch=8).sampling_batch("cuda", seq, 2**20) == 8  # given: as given
+    assert HealConfig(sample_batch=8).sampling_batch("cuda", seq, 2**20) == 8  # given: as given

@@ -20,7 +20,7 @@ LAYERS: list[list[str]] = [
     ["trit.checkpoint"],
     ["trit.arch", "trit.smollm2"],
     ["trit.quant", "trit.kernels.reference", "trit.kernels.cpu", "trit.kernels.cpu_native", "trit.kernels.tuning"],
-    ["trit.rotation"],  # the rotation's checkpoint glue (trit.quant.rotate's math on a Checkpoint)
+    ["trit.rotation", "trit.configs"],  # the rotation's checkpoint glue; the typed configs of every scheme
     ["trit.kernels.triton"],
     ["trit.kernels.cuda"],
     ["trit.kernels.registry", "trit.kernels.int8_rows", "trit.kernels"],  # the package's own __init__: a docstring

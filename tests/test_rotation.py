@@ -73,8 +73,9 @@ def test_quantize_gives_calibration_the_embeddings_alone_on_its_device(tmp_path:
                                                                        scheme: str) -> None:
     """Both writers hand GPTQ's loader a rotation without the tied lm_head (which only the writer needs)."""
     import trit.calibrate
-    from trit.convert import ConvertOptions, convert
-    from trit.w4a8 import W4A8Options, quantize_w4a8
+    from trit.configs import GPTQConfig, W4A8Config
+    from trit.convert import convert
+    from trit.w4a8 import quantize_w4a8
 
     class Seen(Exception):
         pass
@@ -89,7 +90,7 @@ def test_quantize_gives_calibration_the_embeddings_alone_on_its_device(tmp_path:
     src = make_tiny_model(tmp_path / "tied", tie=True)
     with pytest.raises(Seen) as seen:
         if scheme == "ternary":
-            convert(src, tmp_path / "out", ConvertOptions(group_size=32), progress=False, log=lambda s: None)
+            convert(src, tmp_path / "out", GPTQConfig(32), progress=False, log=lambda s: None)
         else:
-            quantize_w4a8(src, tmp_path / "out", W4A8Options(group_size=32), progress=False, log=lambda s: None)
+            quantize_w4a8(src, tmp_path / "out", W4A8Config(group_size=32), progress=False, log=lambda s: None)
     assert seen.value.args == ("cpu", ["model.embed_tokens.weight"]) and not (tmp_path / "out").exists()

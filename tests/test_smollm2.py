@@ -15,10 +15,10 @@ from conftest import WIKITEXT
 from trit import format as fmt
 from trit import runtime
 from trit.checkpoint import open_checkpoint
-from trit.convert import ConvertOptions, convert
+from trit.configs import AbsmeanConfig
+from trit.convert import convert
 from trit.eval.audit import audit
 from trit.eval.perplexity import PerplexityOptions, perplexity, tokenize_file
-from trit.quant import Method
 
 
 def test_float_checkpoint_is_smollm2(smollm2_float: Path) -> None:
@@ -37,7 +37,7 @@ def test_convert_smollm2_group_64(smollm2_trit: Path) -> None:
 
 
 def test_convert_smollm2_group_128_pads_k_576(smollm2_float: Path, tmp_path: Path) -> None:
-    report = convert(smollm2_float, tmp_path / "g128", ConvertOptions(method=Method.ABSMEAN, group_size=128), progress=False)
+    report = convert(smollm2_float, tmp_path / "g128", AbsmeanConfig(128), progress=False)
     padded = [r for r in report.layers if r.action == "padded"]
     assert len(padded) == 30 * 6 and all(r.shape[1] == 576 for r in padded)  # all but down_proj (K=1536)
     # padding costs what it stores: K=576 layers hold 640 columns of codes and 5 scales a row

@@ -22,7 +22,8 @@ from typing import Any
 from trit.errors import TritError
 
 __version__ = "0.1.0"
-_API = {"AbsmeanConfig": "trit.api", "GPTQConfig": "trit.api", "Layout": "trit.api", "TWNConfig": "trit.api",
+_API = {**{name: "trit.configs" for name in ("AbsmeanConfig", "TWNConfig", "GPTQConfig", "W4A8Config", "Layout",
+                                              "CalibConfig", "HealConfig")},
         "generate": "trit.api", "load": "trit.api", "quantize": "trit.api", "Loaded": "trit.runtime"}
 __all__ = ["TritError", *_API]
 

@@ -28,7 +28,6 @@ from __future__ import annotations
 
 import copy
 from contextlib import ExitStack
-from dataclasses import dataclass
 from pathlib import Path
 
 import torch
@@ -39,6 +38,7 @@ from trit import corpora
 from trit import format as fmt
 from trit.arch import meta_model
 from trit.checkpoint import Checkpoint, CheckpointError
+from trit.configs import FIRST, CalibConfig
 from trit.quant.gptq import GptqOptions, dequantize_planes, float_target_weight, gptq_ternary, hessian
 from trit.rotation import TensorMap
 
@@ -47,29 +47,12 @@ STAGES = (("self_attn.q_proj", "self_attn.k_proj", "self_attn.v_proj"), ("self_a
           ("mlp.gate_proj", "mlp.up_proj"), ("mlp.down_proj",))
 
 
-@dataclass(frozen=True)
-class CalibOptions:
-    file: Path | str | None = None  # a text file or a built-in corpus name; None: sample from the float model
-    samples: int = 128  # 32 was x31 bf16 across domains against 128's x18 (the CPU runs in benchmarks/results)
-    seq_len: int = 512
-    seed: int = 0
-    # data-free: windows sampled at once; 64 sampled 3.5 times as fast a window as 8 on a 2-core CPU (129-token
-    # windows of SmolLM2-135M, benchmarks/results/calib_sampling_time_cpu.json); other windows than 8's, from the
-    # same distribution
-    batch: int = 64
-    first: str = "random"  # data-free: sequences start from BOS and a random token, or from BOS alone ("bos")
-    cache: bool = True  # data-free: keep the sampled windows in $TRIT_CACHE/calib and reuse them
-
-
 def windows_from_text(ids: torch.Tensor, samples: int, seq_len: int) -> torch.Tensor:
     """``samples`` windows of ``seq_len`` tokens at evenly spaced offsets of a token stream: ``(S, T)``."""
     if ids.numel() < seq_len:
         raise ValueError(f"calibration text has {ids.numel()} tokens, fewer than one window of {seq_len}")
     starts = torch.linspace(0, ids.numel() - seq_len, samples).long()
     return torch.stack([ids[s:s + seq_len] for s in starts.tolist()])
-
-
-FIRST = ("bos", "random")
 
 
 def sample_from_model(
@@ -119,7 +102,7 @@ def calibration_text(source: str | Path) -> str:
     return Path(source).read_text()
 
 
-def calibration_ids(ckpt: Checkpoint, opts: CalibOptions, device: str, progress: bool = False) -> torch.Tensor:
+def calibration_ids(ckpt: Checkpoint, opts: CalibConfig, device: str, progress: bool = False) -> torch.Tensor:
     """The calibration windows ``(S, T)``: from ``opts.file``, or sampled from the float model (data-free).
 
     Sampled windows are kept in ``$TRIT_CACHE/calib`` (``$TRIT_CALIB_CACHE`` if set; not at all if
@@ -166,7 +149,7 @@ def sample_cache_dir() -> Path:
     return Path(os.environ.get(CACHE_ENV) or cache_dir() / "calib")
 
 
-def sample_cache_path(model_dir: Path | str, opts: CalibOptions, device: str) -> Path:
+def sample_cache_path(model_dir: Path | str, opts: CalibConfig, device: str) -> Path:
     """Where the data-free windows of this model, these options and this device type are kept."""
     import hashlib
 
@@ -183,7 +166,7 @@ def sample_cache_path(model_dir: Path | str, opts: CalibOptions, device: str) ->
     return sample_cache_dir() / f"{key}.pt"
 
 
-def _read_samples(path: Path, opts: CalibOptions) -> torch.Tensor | None:
+def _read_samples(path: Path, opts: CalibConfig) -> torch.Tensor | None:
     if not path.is_file():
         return None
     try:
@@ -244,7 +227,7 @@ class _LayerLoader:
 
 
 def gptq_model(
-    ckpt: Checkpoint, quantized: set[str], gopts: GptqOptions, calib: CalibOptions, device: str = "cpu",
+    ckpt: Checkpoint, quantized: set[str], gopts: GptqOptions, calib: CalibConfig, device: str = "cpu",
     progress: bool = True, rotate: TensorMap | None = None,
 ) -> dict[str, tuple[torch.Tensor, torch.Tensor]]:
     """GPTQ every module in ``quantized``: ``{module: (codes (P, N, K_pad) int8, scales (P, N, G) f32)}``.
@@ -361,4 +344,4 @@ def _quantize_linear(
     return codes.cpu(), scales.cpu()
 
 
-__all__ = ["CalibOptions", "gptq_model", "windows_from_text", "sample_from_model", "STAGES"]
+__all__ = ["CalibConfig", "FIRST", "gptq_model", "windows_from_text", "sample_from_model", "STAGES"]

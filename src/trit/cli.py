@@ -13,47 +13,35 @@ from collections.abc import Sequence
 from pathlib import Path
 
 from trit import format as fmt
-from trit.calibrate import FIRST, CalibOptions
-from trit.convert import ConvertOptions
+from trit.configs import (
+    FIRST,
+    AbsmeanConfig,
+    CalibConfig,
+    GPTQConfig,
+    HealConfig,
+    Layout,
+    QuantConfig,
+    TWNConfig,
+    W4A8Config,
+)
 from trit.errors import TritError
 from trit.eval.gsm8k import Gsm8kOptions
 from trit.eval.perplexity import PerplexityOptions
-from trit.heal import HealOptions
 from trit.quant import Method
 from trit.runtime import SamplingOptions
-from trit.w4a8 import W4A8Options
 
 EXIT_USAGE = 2
 
 
-def quantize(model_dir: Path, out_dir: Path, opts: ConvertOptions, quiet: bool = False) -> int:
-    from trit.convert import convert
+def quantize(args: argparse.Namespace) -> int:
+    from trit.api import quantize as run
 
-    report = convert(model_dir, out_dir, opts, progress=not quiet)
-    print(report.summary())
+    config, layout = quantize_configs(args)
+    print(run(args.model_dir, args.out_dir, config, layout, args.overwrite, progress=not args.quiet).summary())
     return 0
 
 
-def quantize_w4a8_cli(args: argparse.Namespace) -> int:
-    from trit.compressed import parse_group_size
-    from trit.errors import OptionError
-    from trit.w4a8 import quantize_w4a8
-
-    ternary_only = [flag for flag, used in (("--planes", args.planes != 1), ("--keep", bool(args.keep)),
-                                            ("--lm-head", args.lm_head != "stored"),
-                                            ("--method", args.method != Method.GPTQ.value),
-                                            ("--float-target", args.float_target is not None)) if used]
-    if ternary_only:
-        raise OptionError(f"{', '.join(ternary_only)}: ternary only; --scheme w4a8 is GPTQ on every decoder linear")
-    opts = W4A8Options(parse_group_size(args.group_size), args.tensor_parallel_size,
-                       calib_options(args), args.act_order, args.damp,
-                       W4A8Options.passes if args.passes is None else args.passes, args.device, args.overwrite,
-                       rotate=args.rotate)
-    print(quantize_w4a8(args.model_dir, args.out_dir, opts, progress=not args.quiet).summary())
-    return 0
-
-
-def calib_options(args: argparse.Namespace) -> CalibOptions:
+def calib_config(args: argparse.Namespace) -> CalibConfig:
     """``trit quantize``'s calibration flags (both schemes), each count checked before anything is loaded."""
     from trit.errors import OptionError
 
@@ -61,32 +49,48 @@ def calib_options(args: argparse.Namespace) -> CalibOptions:
                              ("--calib-batch", args.calib_batch, 1)):
         if value < low:
             raise OptionError(f"{flag} {value}: must be at least {low}")
-    return CalibOptions(args.calib, args.calib_samples, args.calib_seq_len, first=args.calib_first,
-                        batch=args.calib_batch, cache=args.calib_cache)
+    return CalibConfig(args.calib, args.calib_samples, args.calib_seq_len, first=args.calib_first,
+                       batch=args.calib_batch, cache=args.calib_cache)
 
 
-def heal_options(args: argparse.Namespace) -> HealOptions:
-    """``trit heal``'s flags as :class:`HealOptions` (also for scripts that run heal with CLI flags)."""
-    return HealOptions(args.steps, args.lr, args.batch, args.seq_len, args.data, args.train_samples,
-                       args.heldout_samples, args.eval_every, args.device, sample_batch=args.sample_batch,
-                       grad_checkpointing=args.grad_checkpointing, freeze_codes=args.freeze_codes,
-                       weight_lr=args.weight_lr, train_embeddings=args.train_embeddings,
-                       scales_first=args.scales_first, scales_first_lr=args.scales_first_lr,
-                       compile=args.compile, mix_sampled=args.mix_sampled, sample_first=args.sample_first)
+def heal_config(args: argparse.Namespace) -> HealConfig:
+    """``trit heal``'s flags as :class:`~trit.configs.HealConfig` (also for scripts that run heal with CLI flags)."""
+    return HealConfig(args.steps, args.lr, args.batch, args.seq_len, args.data, args.train_samples,
+                      args.heldout_samples, args.eval_every, args.device, sample_batch=args.sample_batch,
+                      grad_checkpointing=args.grad_checkpointing, freeze_codes=args.freeze_codes,
+                      weight_lr=args.weight_lr, train_embeddings=args.train_embeddings,
+                      scales_first=args.scales_first, scales_first_lr=args.scales_first_lr,
+                      compile=args.compile, mix_sampled=args.mix_sampled, sample_first=args.sample_first)
 
 
-def convert_options(args: argparse.Namespace) -> ConvertOptions:
-    """``trit quantize``'s flags as :class:`ConvertOptions` (ternary); unset flags take the library's defaults."""
-    return ConvertOptions(
-        method=Method(args.method), group_size=_int_flag(args.group_size, "--group-size"),
-        keep=tuple(k.strip() for k in args.keep.split(",") if k.strip()),
-        pad_policy=fmt.PadPolicy(args.pad), scale_dtype=fmt.ScaleDtype(args.scale_dtype),
-        overwrite=args.overwrite, device=args.device, planes=args.planes, lm_head=args.lm_head,
-        calib=calib_options(args),  # a file or a corpus name
-        act_order=args.act_order, damp=args.damp, float_target=args.float_target,
-        passes=ConvertOptions.passes if args.passes is None else args.passes,
-        rotate=args.rotate,
-    )
+def quantize_configs(args: argparse.Namespace) -> tuple[QuantConfig, Layout]:
+    """``trit quantize``'s flags as the typed configs the Python API takes (:mod:`trit.configs`); a flag left
+    unset takes the config's default."""
+    from trit.compressed import parse_group_size
+    from trit.errors import OptionError
+
+    knobs = dict(damp=args.damp, act_order=args.act_order) | ({} if args.passes is None else {"passes": args.passes})
+    if args.scheme == "w4a8":
+        ternary_only = [flag for flag, used in (("--planes", args.planes != 1), ("--keep", bool(args.keep)),
+                                                ("--lm-head", args.lm_head != "stored"),
+                                                ("--activations", args.activations != "none"),
+                                                ("--method", args.method != Method.GPTQ.value),
+                                                ("--float-target", args.float_target is not None)) if used]
+        if ternary_only:
+            raise OptionError(f"{', '.join(ternary_only)}: ternary only; --scheme w4a8 is GPTQ on every decoder "
+                              "linear")
+        return W4A8Config(parse_group_size(args.group_size), calib_config(args), args.rotate, args.device,
+                          args.tensor_parallel_size, **knobs), Layout()
+    group, method = _int_flag(args.group_size, "--group-size"), Method(args.method)
+    if method is Method.GPTQ:
+        config: QuantConfig = GPTQConfig(group, args.planes, calib_config(args), args.rotate, args.device,
+                                         float_target=args.float_target, **knobs)
+    else:
+        config = (TWNConfig if method is Method.TWN else AbsmeanConfig)(group, args.planes, args.rotate, args.device)
+    layout = Layout(tuple(k.strip() for k in args.keep.split(",") if k.strip()), fmt.PadPolicy(args.pad),
+                    fmt.ScaleDtype(args.scale_dtype), args.lm_head, fmt.ActivationQuant(
+                        "int8_per_token" if args.activations == "int8" else "none"))
+    return config, layout
 
 
 def _int_flag(text: str, flag: str) -> int:
@@ -198,7 +202,7 @@ def _runtime_flags(a: argparse.ArgumentParser) -> None:
 
 
 def _quantize_parser(sub) -> None:
-    d = ConvertOptions()
+    d, lay, w4 = GPTQConfig(), Layout(), W4A8Config()  # the configs' defaults are the CLI's
     q = _command(sub, "quantize", "make a float Hugging Face checkpoint ternary (or W4A8)",
                  "Methods: gptq (the default) rounds each layer onto its ternary grid with Hessian-aware error\n"
                  "feedback, on calibration text (--calib FILE, or by default text the float model samples itself);\n"
@@ -207,7 +211,8 @@ def _quantize_parser(sub) -> None:
                  "a layer (about 4.5 bits a weight). Embeddings and lm_head stay in high precision.\n\n"
                  "--scheme w4a8: int4 GPTQ weights (group or channel scales) and int8 per-token activations,\n"
                  "written as compressed-tensors for stock vLLM (no plugin); same calibration flags.",
-                 "trit quantize ./SmolLM2-135M ./smollm2-trit --method gptq --planes 2\n"
+                 "trit quantize ./SmolLM2-135M ./smollm2-trit\n"
+                 "  trit quantize ./SmolLM2-135M ./smollm2-trit2 --planes 2\n"
                  "  trit quantize ./SmolLM2-135M ./smollm2-w4a8 --scheme w4a8 --group-size 64")
     q.add_argument("model_dir", type=Path, help="a float checkpoint folder (config.json, safetensors)")
     q.add_argument("out_dir", type=Path, help="where the checkpoint goes (written atomically)")
@@ -217,54 +222,59 @@ def _quantize_parser(sub) -> None:
                    help="ternary: how to round")
     q.add_argument("--group-size", default=str(d.group_size),
                    help="inputs per scale; -1 (ternary) or 'channel' (w4a8): one scale per row")
-    q.add_argument("--tensor-parallel-size", type=int, default=1,
-                   help="w4a8: also check the group against each rank's slice of the row-parallel layers")
     q.add_argument("--planes", type=int, default=d.planes, choices=[1, 2],
                    help="ternary planes per layer: 2 stores W = a1*T1 + a2*T2 (about 4.5 bits a weight)")
-    q.add_argument("--keep", default="", help="ternary: comma-separated modules (globs allowed) kept in high precision")
-    q.add_argument("--lm-head", choices=list(fmt.LM_HEADS), default=d.lm_head,
+    q.add_argument("--calib", default=None, metavar="TEXT",
+                   help="calibration text: a file, or a built-in corpus (wikitext2, gsm8k, python: its calibration "
+                        "half); default: text sampled from the float model (data-free)")
+    q.add_argument("--calib-samples", type=int, default=d.calib.samples, help="calibration windows")
+    q.add_argument("--calib-seq-len", type=int, default=d.calib.seq_len, help="tokens per window")
+    q.add_argument("--device", default=d.device, help="where the quantizer runs (cpu, cuda)")
+    q.add_argument("--overwrite", action="store_true", help="replace a non-empty OUT_DIR")
+    q.add_argument("--quiet", action="store_true", help="no progress bars")
+    s = q.add_argument_group("how it is stored and served")
+    s.add_argument("--keep", default="", help="ternary: comma-separated modules (globs allowed) kept in high precision")
+    s.add_argument("--lm-head", choices=list(fmt.LM_HEADS), default=lay.lm_head,
                    help="ternary: the output layer when the model is served: as stored, or int8 rows (one scale a "
                         "row, rounded when loaded; half the bytes a decode step reads there); TRIT_LM_HEAD overrides "
                         "it at load time")
-    q.add_argument("--rotate", action=argparse.BooleanOptionalAction, default=None,
+    s.add_argument("--activations", choices=["none", "int8"], default="none",
+                   help="ternary: the activations when the model is served: as they are, or rounded to int8 per "
+                        "token (W1.58A8, BitNet's arithmetic; docs/quantization.md measures its cost); "
+                        "TRIT_ACTIVATIONS overrides it at load time")
+    s.add_argument("--pad", choices=[x.value for x in fmt.PadPolicy], default=lay.pad_policy.value,
+                   help="ternary: layers whose K is not a multiple of the group: pad with zeros, or keep them")
+    s.add_argument("--scale-dtype", choices=[x.value for x in fmt.ScaleDtype], default=lay.scale_dtype.value,
+                   help="ternary: the stored scales' dtype (w4a8 stores them in the model's dtype)")
+    s.add_argument("--tensor-parallel-size", type=int, default=w4.tensor_parallel_size,
+                   help="w4a8: also check the group against each rank's slice of the row-parallel layers")
+    r = q.add_argument_group("research knobs (the defaults are the recipe every measured result used)")
+    r.add_argument("--rotate", action=argparse.BooleanOptionalAction, default=None,
                    help="rotate the residual stream and each value head before rounding (the same model, "
                         "weights and activations without outlier channels; Llama, Mistral, Qwen2, Qwen3). A model "
                         "with tied embeddings gets an lm_head of its own (default: on for gptq and --scheme w4a8, "
                         "off for absmean and twn)")
-    q.add_argument("--pad", choices=[x.value for x in fmt.PadPolicy], default=d.pad_policy.value,
-                   help="ternary: layers whose K is not a multiple of the group: pad with zeros, or keep them")
-    q.add_argument("--scale-dtype", choices=[x.value for x in fmt.ScaleDtype], default=d.scale_dtype.value,
-                   help="ternary: the stored scales' dtype (w4a8 stores them in the model's dtype)")
-    g = q.add_argument_group("gptq")
-    g.add_argument("--calib", default=None, metavar="TEXT",
-                   help="calibration text: a file, or a built-in corpus (wikitext2, gsm8k, python: its calibration "
-                        "half); default: text sampled from the float model (data-free)")
-    g.add_argument("--calib-samples", type=int, default=d.calib.samples, help="calibration windows")
-    g.add_argument("--calib-seq-len", type=int, default=d.calib.seq_len, help="tokens per window")
-    g.add_argument("--calib-batch", type=int, default=d.calib.batch,
+    r.add_argument("--calib-batch", type=int, default=d.calib.batch,
                    help="data-free: windows the float model samples at once (more: faster, more memory)")
-    g.add_argument("--calib-first", choices=FIRST, default=d.calib.first,
+    r.add_argument("--calib-first", choices=FIRST, default=d.calib.first,
                    help="data-free: each sampled window starts from BOS and a token drawn at random from the "
                         "vocabulary (random), or from BOS alone (bos)")
-    g.add_argument("--calib-cache", action=argparse.BooleanOptionalAction, default=d.calib.cache,
+    r.add_argument("--calib-cache", action=argparse.BooleanOptionalAction, default=d.calib.cache,
                    help="data-free: keep the sampled windows in $TRIT_CACHE/calib and reuse them for the same "
                         "model, options and device type")
-    g.add_argument("--act-order", action=argparse.BooleanOptionalAction, default=d.act_order,
-                   help="columns by decreasing Hessian diagonal")
-    g.add_argument("--damp", type=float, default=d.damp, help="damping, a fraction of mean(diag(H))")
-    g.add_argument("--passes", type=int, default=None,
-                   help=f"rounding passes; each later pass rounds again onto the scales the one before refitted "
-                        f"(default: {d.passes} ternary, {W4A8Options.passes} w4a8)")
-    g.add_argument("--float-target", action=argparse.BooleanOptionalAction, default=None,
-                   help="aim each layer at the float model's outputs on float inputs (default: for one plane); "
-                        "--no-float-target: plain GPTQ (default for two planes)")
-    g.add_argument("--device", default=d.device, help="where the quantizer runs (cpu, cuda)")
-    q.add_argument("--overwrite", action="store_true", help="replace a non-empty OUT_DIR")
-    q.add_argument("--quiet", action="store_true", help="no progress bars")
+    r.add_argument("--act-order", action=argparse.BooleanOptionalAction, default=d.act_order,
+                   help="gptq: columns by decreasing Hessian diagonal")
+    r.add_argument("--damp", type=float, default=d.damp, help="gptq: damping, a fraction of mean(diag(H))")
+    r.add_argument("--passes", type=int, default=None,
+                   help=f"gptq: rounding passes; each later pass rounds again onto the scales the one before "
+                        f"refitted (default: {d.passes} ternary, {w4.passes} w4a8)")
+    r.add_argument("--float-target", action=argparse.BooleanOptionalAction, default=None,
+                   help="gptq: aim each layer at the float model's outputs on float inputs (default: for one "
+                        "plane); --no-float-target: plain GPTQ (default for two planes)")
 
 
 def _heal_parser(sub) -> None:
-    d = HealOptions()  # one set of defaults: the CLI shows the library's
+    d = HealConfig()  # one set of defaults: the CLI shows the library's
     h = _command(sub, "heal", "distil the float model back into a ternary checkpoint (best on a GPU)",
                  "The student starts at the ternary checkpoint; its latent weights and scales learn to match the\n"
                  "float teacher's next-token distribution (KL), re-quantized every step; the best student by\n"
@@ -467,16 +477,14 @@ def parser() -> argparse.ArgumentParser:
 
 
 def _dispatch(args: argparse.Namespace) -> int:
-    if args.command == "quantize" and args.scheme == "w4a8":
-        return quantize_w4a8_cli(args)
     if args.command == "quantize":
-        return quantize(args.model_dir, args.out_dir, convert_options(args), args.quiet)
+        return quantize(args)
     if args.command == "import":
         return import_checkpoint(args.model_dir, args.out_dir, args.overwrite, args.quiet)
     if args.command == "heal":
         from trit.heal import heal
 
-        heal(args.ckpt, args.teacher, args.out_dir, heal_options(args), overwrite=args.overwrite,
+        heal(args.ckpt, args.teacher, args.out_dir, heal_config(args), overwrite=args.overwrite,
              progress=not args.quiet)
         return 0
     if args.command == "generate":

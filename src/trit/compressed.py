@@ -26,6 +26,7 @@ from trit.errors import TritError
 QUANT_METHOD = "compressed-tensors"
 FORMAT = "int-quantized"
 CHANNEL = -1  # one scale per output channel (strategy "channel")
+BITS = 4  # the weights' int4 codes
 ROW_PARALLEL = ("self_attn.o_proj", "mlp.down_proj")  # their K is split across tensor-parallel ranks
 GROUP_CHOICES = (32, 64, 128, 256)
 

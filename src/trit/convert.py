@@ -21,52 +21,20 @@ import torch
 
 from trit import format as fmt
 from trit.arch import check_float_source, is_decoder_linear, open_float_source
-from trit.calibrate import CalibOptions
 from trit.checkpoint import (
     Checkpoint,
     CheckpointError,
     check_all_finite,
     write_checkpoint,
 )
+from trit.configs import GPTQConfig, Layout, TernaryConfig
 from trit.errors import ConvertError
-from trit.quant import Method, quantize
-from trit.quant.gptq import GptqOptions
+from trit.quant import quantize
 from trit.quant.planes import quantize_planes
 from trit.quant.rotate import rotated_config
 from trit.rotation import ROTATION_SEED, choose_rotation, rotation_maps, tied_head_bytes
 
 ALWAYS_KEPT = ("model.embed_tokens", "lm_head")
-
-
-@dataclass(frozen=True)
-class ConvertOptions:
-    method: Method = Method.GPTQ  # calibrated: data-free unless calib names a text
-    group_size: int = fmt.DEFAULT_GROUP_SIZE
-    keep: tuple[str, ...] = ()  # module names or glob patterns kept in high precision
-    pad_policy: fmt.PadPolicy = fmt.PadPolicy.PAD
-    scale_dtype: fmt.ScaleDtype = fmt.ScaleDtype.FLOAT16
-    overwrite: bool = False
-    device: str = "cpu"  # where the quantizer runs
-    planes: int = 1  # ternary planes per layer (2: trit-planes, about 4 bits a weight)
-    lm_head: str = "stored"  # the output layer when served: as stored, or "int8" rows (rounded when loaded)
-    calib: CalibOptions = CalibOptions()  # gptq: calibration data
-    # gptq: the settings of :class:`trit.quant.gptq.GptqOptions`, whose defaults are the ones stated
-    act_order: bool = GptqOptions.act_order
-    damp: float = GptqOptions.damp
-    passes: int = GptqOptions.passes
-    float_target: bool | None = GptqOptions.float_target
-    # rotate the residual stream (and each value head) before quantizing: the same function, incoherent weights
-    # (trit.quant.rotate); a tied lm_head becomes the model's own. None: for gptq (measured better there across
-    # domains, one plane and two: docs/quantization.md), not for the data-free rules
-    rotate: bool | None = None
-
-    @property
-    def rotates(self) -> bool:
-        return self.rotate if self.rotate is not None else Method(self.method) is Method.GPTQ
-
-    def gptq(self) -> GptqOptions:
-        return GptqOptions(self.group_size, self.planes, self.damp, self.act_order, passes=self.passes,
-                           float_target=self.float_target)
 
 
 @dataclass(frozen=True)
@@ -106,10 +74,10 @@ class ConvertReport:
         return "\n".join(lines)
 
 
-def _plan(ckpt: Checkpoint, opts: ConvertOptions) -> dict[str, LayerReport]:
+def _plan(ckpt: Checkpoint, group_size: int, layout: Layout) -> dict[str, LayerReport]:
     """Decide, before reading any data, what happens to each decoder linear layer."""
     modules = {name.rsplit(".", 1)[0] for name in ckpt.tensors}
-    unmatched = [p for p in opts.keep if not any(fnmatch.fnmatchcase(m, p) for m in modules)]
+    unmatched = [p for p in layout.keep if not any(fnmatch.fnmatchcase(m, p) for m in modules)]
     if unmatched:
         raise ConvertError(f"--keep {', '.join(unmatched)}: matches no module of {ckpt.path}")
     plan: dict[str, LayerReport] = {}
@@ -120,14 +88,14 @@ def _plan(ckpt: Checkpoint, opts: ConvertOptions) -> dict[str, LayerReport]:
         if len(info.shape) != 2:
             raise CheckpointError(info.shard, f"tensor {name!r}: expected a 2-D linear weight, found shape {info.shape}")
         n, k = info.shape
-        if any(fnmatch.fnmatchcase(module, p) for p in opts.keep):
+        if any(fnmatch.fnmatchcase(module, p) for p in layout.keep):
             plan[module] = LayerReport(module, (n, k), "kept", "--keep")
-        elif k != fmt.padded_k(k, opts.group_size):
-            if opts.pad_policy is fmt.PadPolicy.KEEP:
-                why = f"K={k} is not a multiple of group {opts.group_size}; --pad keep"
+        elif k != fmt.padded_k(k, group_size):
+            if layout.pad_policy is fmt.PadPolicy.KEEP:
+                why = f"K={k} is not a multiple of group {group_size}; --pad keep"
                 plan[module] = LayerReport(module, (n, k), "kept", why)
             else:
-                why = f"K={k} padded to {fmt.padded_k(k, opts.group_size)} with zero weights"
+                why = f"K={k} padded to {fmt.padded_k(k, group_size)} with zero weights"
                 plan[module] = LayerReport(module, (n, k), "padded", why)
         else:
             plan[module] = LayerReport(module, (n, k), "ternary")
@@ -137,22 +105,22 @@ def _plan(ckpt: Checkpoint, opts: ConvertOptions) -> dict[str, LayerReport]:
 
 
 def _quantize_layer(
-    module: str, weight: torch.Tensor, opts: ConvertOptions, report: ConvertReport,
+    module: str, weight: torch.Tensor, config: TernaryConfig, layout: Layout, report: ConvertReport,
     precomputed: dict[str, tuple[torch.Tensor, torch.Tensor]],
 ) -> dict[str, torch.Tensor]:
     n, k = weight.shape
-    k_pad = fmt.padded_k(k, opts.group_size)
+    g = config.group_size
     if module in precomputed:  # calibrated (GPTQ): codes (P, N, K_pad), scales (P, N, G)
         codes, scales = precomputed.pop(module)
         planes = [(codes[p], scales[p]) for p in range(codes.shape[0])]
     else:
-        w = fmt.pad_k(weight.to(opts.device, torch.float32), k_pad)
-        fits = quantize_planes(w, opts.group_size) if opts.planes == 2 else [quantize(w, opts.group_size, opts.method)]
+        w = fmt.pad_k(weight.to(config.device, torch.float32), fmt.padded_k(k, g))
+        fits = quantize_planes(w, g) if config.planes == 2 else [quantize(w, g, config.method)]
         planes = [(t.values, t.scales) for t in fits]
     out = {}
     for (packed_name, scale_name), (values, scales) in zip(fmt.plane_suffixes(len(planes)), planes):
         packed = fmt.pack(values).cpu()  # (N, K_pad//4) uint8
-        scale = fmt.to_scale(scales, opts.scale_dtype, module).cpu()  # (N, G)
+        scale = fmt.to_scale(scales, layout.scale_dtype, module).cpu()  # (N, G)
         report.packed_bytes += packed.numel()
         report.scale_bytes += scale.numel() * scale.element_size()
         out |= {f"{module}.{packed_name}": packed, f"{module}.{scale_name}": scale}
@@ -160,30 +128,32 @@ def _quantize_layer(
     return out
 
 
-def _output_bytes(ckpt: Checkpoint, plan: dict[str, LayerReport], opts: ConvertOptions) -> int:
+def _output_bytes(ckpt: Checkpoint, plan: dict[str, LayerReport], config: TernaryConfig, layout: Layout) -> int:
     """About how large the output is: ternary layers at their packed size, everything else as it is."""
     total = 0
     for name, info in ckpt.tensors.items():
         layer = plan.get(name.rsplit(".", 1)[0])
         if layer is not None and layer.action != "kept" and name.endswith(".weight"):
-            (p_shape, s_shape) = fmt.expected_shapes(*layer.shape, opts.group_size)
-            scale_bytes = opts.scale_dtype.torch.itemsize
-            total += opts.planes * (p_shape[0] * p_shape[1] + s_shape[0] * s_shape[1] * scale_bytes)
+            (p_shape, s_shape) = fmt.expected_shapes(*layer.shape, config.group_size)
+            scale_bytes = layout.scale_dtype.torch.itemsize
+            total += config.planes * (p_shape[0] * p_shape[1] + s_shape[0] * s_shape[1] * scale_bytes)
         else:
             total += info.nbytes
     return total
 
 
-def _trit_config(opts: ConvertOptions, plan: dict[str, LayerReport], rotated: bool) -> fmt.TritConfig:
+def _trit_config(config: TernaryConfig, layout: Layout, plan: dict[str, LayerReport],
+                 rotated: bool) -> fmt.TritConfig:
     kept = sorted(m for m, r in plan.items() if r.action == "kept")
     return fmt.TritConfig(
-        group_size=opts.group_size,
-        scale_dtype=opts.scale_dtype,
-        method=Method(opts.method).value,
-        pad_policy=opts.pad_policy,
-        planes=opts.planes,
+        group_size=config.group_size,
+        scale_dtype=layout.scale_dtype,
+        method=config.method.value,
+        pad_policy=layout.pad_policy,
+        planes=config.planes,
         modules_not_converted=ALWAYS_KEPT + tuple(kept),
-        lm_head=opts.lm_head,
+        lm_head=layout.lm_head,
+        activation=layout.activations,
         extra={"rotation": {"seed": ROTATION_SEED}} if rotated else {},
     )
 
@@ -191,34 +161,39 @@ def _trit_config(opts: ConvertOptions, plan: dict[str, LayerReport], rotated: bo
 def convert(
     model_dir: str | Path,
     out_dir: str | Path,
-    options: ConvertOptions | None = None,
+    config: TernaryConfig | None = None,
+    layout: Layout = Layout(),
+    overwrite: bool = False,
     progress: bool = True,
     log: Callable[[str], None] = print,
 ) -> ConvertReport:
-    """Convert ``model_dir`` into a trit checkpoint at ``out_dir``; see the module docstring."""
-    opts = options or ConvertOptions()
-    fmt.check_group_size(opts.group_size, "--group-size")
+    """Convert ``model_dir`` into a trit checkpoint at ``out_dir`` by ``config`` (:class:`GPTQConfig` by default:
+    data-free calibration); see the module docstring."""
+    config = config or GPTQConfig()
+    if not isinstance(config, TernaryConfig):
+        raise TypeError(f"expected AbsmeanConfig, TWNConfig or GPTQConfig, found {type(config).__name__}")
+    fmt.check_group_size(config.group_size, "--group-size")
     src, out = Path(model_dir), Path(out_dir)
-    ckpt = open_float_source(src, out, opts.overwrite)
-    if opts.planes not in (1, 2):
-        raise ConvertError(f"--planes {opts.planes}: trit stores 1 or 2 ternary planes")
-    if opts.passes < 1:
-        raise ConvertError(f"--passes {opts.passes}: GPTQ needs at least one rounding pass")
+    ckpt = open_float_source(src, out, overwrite)
+    if config.planes not in (1, 2):
+        raise ConvertError(f"--planes {config.planes}: trit stores 1 or 2 ternary planes")
+    if isinstance(config, GPTQConfig) and config.passes < 1:
+        raise ConvertError(f"--passes {config.passes}: GPTQ needs at least one rounding pass")
     check_float_source(ckpt)  # every tensor the model needs, of its shape and a float dtype (headers only)
-    plan = _plan(ckpt, opts)
+    plan = _plan(ckpt, config.group_size, layout)
     report = ConvertReport(out)
     start = time.perf_counter()
-    log(f"quantizing {src} -> {out}: {Method(opts.method).value}, group {opts.group_size}, {opts.planes} plane(s)")
-    rotation = choose_rotation(ckpt, opts.rotate, opts.rotates)
+    log(f"quantizing {src} -> {out}: {config.method.value}, group {config.group_size}, {config.planes} plane(s)")
+    rotation = choose_rotation(ckpt, config.rotate, config.rotates)
     precomputed: dict[str, tuple[torch.Tensor, torch.Tensor]] = {}
     with ExitStack() as stack:
-        rotate, rotate_for_calibration = rotation_maps(ckpt, rotation, stack, device=opts.device)
-        if Method(opts.method) is Method.GPTQ:
+        rotate, rotate_for_calibration = rotation_maps(ckpt, rotation, stack, device=config.device)
+        if isinstance(config, GPTQConfig):
             from trit.calibrate import gptq_model
 
             check_all_finite(ckpt, progress)  # seconds, before minutes of calibration
             todo = {m for m, r in plan.items() if r.action != "kept"}
-            precomputed = gptq_model(ckpt, todo, opts.gptq(), opts.calib, opts.device, progress,
+            precomputed = gptq_model(ckpt, todo, config.gptq(), config.calib, config.device, progress,
                                       rotate_for_calibration)
 
         def quantized(name: str) -> bool:
@@ -227,21 +202,22 @@ def convert(
 
         def transform(name: str, tensor: torch.Tensor) -> dict[str, torch.Tensor]:
             if quantized(name) and name.rsplit(".", 1)[0] in precomputed:  # GPTQ rotated it already: no second pass
-                return _quantize_layer(name.rsplit(".", 1)[0], tensor, opts, report, precomputed)
+                return _quantize_layer(name.rsplit(".", 1)[0], tensor, config, layout, report, precomputed)
             out = {}
             # a weight to be made ternary is rotated in float32; kept tensors keep the source's dtype
             for n, t in rotate(name, tensor.float() if quantized(name) else tensor).items():
                 if quantized(n):
-                    out |= _quantize_layer(n.rsplit(".", 1)[0], t, opts, report, precomputed)
+                    out |= _quantize_layer(n.rsplit(".", 1)[0], t, config, layout, report, precomputed)
                 else:
                     out[n] = t.contiguous()
             return out
 
-        config = dict(ckpt.config, quantization_config=_trit_config(opts, plan, rotation is not None).to_dict())
+        qcfg = _trit_config(config, layout, plan, rotation is not None).to_dict()
+        hf_config = dict(ckpt.config, quantization_config=qcfg)
         if rotation is not None:
-            config = rotated_config(config)
-        needed = _output_bytes(ckpt, plan, opts) + (tied_head_bytes(ckpt) if rotation is not None else 0)
-        write_checkpoint(ckpt, out, transform, config, progress, needed=needed)
+            hf_config = rotated_config(hf_config)
+        needed = _output_bytes(ckpt, plan, config, layout) + (tied_head_bytes(ckpt) if rotation is not None else 0)
+        write_checkpoint(ckpt, out, transform, hf_config, progress, needed=needed)
     report.layers = sorted(plan.values(), key=lambda r: r.name)
     report.seconds = time.perf_counter() - start
     return report

@@ -30,11 +30,10 @@ import torch
 
 from trit import runtime, smollm2
 from trit.cache import cache_dir
-from trit.calibrate import CalibOptions
-from trit.convert import ConvertOptions, convert
+from trit.configs import AbsmeanConfig, CalibConfig, GPTQConfig, TernaryConfig
+from trit.convert import convert
 from trit.eval.audit import audit
 from trit.eval.perplexity import PerplexityOptions, perplexity, tokenize_text
-from trit.quant import Method
 
 PROMPTS = (
     "What is the capital of France?",
@@ -48,13 +47,12 @@ EVAL_CORPUS = "wikitext2"
 class Variant:
     name: str
     label: str  # what the row says it is
-    options: ConvertOptions
+    config: TernaryConfig
 
 
 VARIANTS = (
-    Variant("gptq-2planes", "gptq, 2 planes", ConvertOptions(method=Method.GPTQ, planes=2, passes=1,
-                                                             calib=CalibOptions(EVAL_CORPUS, samples=32))),
-    Variant("absmean", "naive rounding", ConvertOptions(method=Method.ABSMEAN)),
+    Variant("gptq-2planes", "gptq, 2 planes", GPTQConfig(planes=2, passes=1, calib=CalibConfig(EVAL_CORPUS, samples=32))),
+    Variant("absmean", "naive rounding", AbsmeanConfig()),
 )
 HEAL_RESULT = Path(__file__).resolve().parents[2] / "benchmarks" / "results" / "ptq_smollm2_heal_mix_h200.json"
 
@@ -65,7 +63,7 @@ def ternary_checkpoint(float_dir: Path, variant: Variant) -> Path:
     if (out / "config.json").is_file():
         return out
     print(f"making {variant.label} ({variant.name}): once, then cached in {out}")
-    report = convert(float_dir, out, variant.options)
+    report = convert(float_dir, out, variant.config)
     print(report.summary())
     return out
 

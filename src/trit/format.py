@@ -49,6 +49,7 @@ from __future__ import annotations
 
 import enum
 import math
+import os
 from collections.abc import Mapping
 from dataclasses import dataclass, field, fields
 from typing import Any
@@ -98,6 +99,21 @@ class ActivationQuant(str, enum.Enum):
 
     NONE = "none"
     INT8_PER_TOKEN = "int8_per_token"
+
+
+ACTIVATIONS_ENV = "TRIT_ACTIVATIONS"
+
+
+def served_activation(stored: ActivationQuant, override: str | None = None) -> ActivationQuant:
+    """How a load runs the ternary matmuls' activations: ``override`` (an argument of the load), else
+    ``TRIT_ACTIVATIONS``, else the checkpoint's ``quantization_config.activation``. ``int8_per_token`` (W1.58A8)
+    makes a model of ordinary weights run BitNet's arithmetic, at a quality cost docs/quantization.md measures."""
+    choice = override or os.environ.get(ACTIVATIONS_ENV) or stored
+    try:
+        return ActivationQuant(choice)
+    except ValueError:
+        where = "activations" if override else ACTIVATIONS_ENV
+        raise FormatError(where, f"one of {', '.join(a.value for a in ActivationQuant)}", repr(choice)) from None
 
 
 class PadPolicy(str, enum.Enum):

@@ -46,79 +46,16 @@ from tqdm.auto import tqdm
 from trit import format as fmt
 from trit.arch import kv_cache_bytes
 from trit.checkpoint import CheckpointError, check_paths, write_checkpoint
+from trit.configs import HealConfig
 from trit.errors import ConvertError
 from trit.nn import TritLinear
 
-COMPILE_BACKEND = "inductor"  # torch.compile's backend for HealOptions.compile
+COMPILE_BACKEND = "inductor"  # torch.compile's backend for HealConfig.compile
 
 
 def _is_cuda(device: str | torch.device) -> bool:
     """``cuda``, ``cuda:0``, a ``torch.device``: whether the device is a CUDA GPU."""
     return torch.device(device).type == "cuda"
-
-
-@dataclass(frozen=True)
-class HealOptions:
-    # defaults: the best recipe measured on SmolLM2 (text data; benchmarks/results/ptq_smollm2_heal_compiled_long_h200.json,
-    # 401 s compiled on an H200): 600 steps with the codes fixed, then 3600 with everything but the embeddings training;
-    # data-free, its 4096 sampled sequences starting at a random token, chosen on the geometric mean over three domains
-    # (benchmarks/results/quality_domains_h100_heal_defaults.json: x4.30 bf16's, against x5.28 with 2048 from BOS)
-    steps: int = 3600
-    lr: float = 1e-3  # scales and norms (and the latent weights when weight_lr is None)
-    batch: int = 16
-    seq_len: int = 512
-    data: Path | None = None  # training text; None: sequences sampled from the teacher
-    # training sequences; None: 4096 sampled by the teacher (chosen across domains, above), or 2048 windows of
-    # --data (the text recipe as it was measured)
-    train_samples: int | None = None
-    heldout_samples: int = 16
-    eval_every: int = 25
-    device: str | None = None
-    seed: int = 0
-    grad_checkpointing: bool = True
-    # sequences the teacher samples at once (data-free training text); None: 512 on CUDA (2064 sequences of 512
-    # tokens in 126 s for SmolLM2-135M on an H200, its float32 KV cache 12 GB; fewer where that would take over
-    # a quarter of the GPU's free memory: sampling_batch), 64 on the CPU
-    sample_batch: int | None = None
-    freeze_codes: bool = False  # train the scales and norms only; every ternary code stays as it is
-    weight_lr: float | None = 4e-3  # learning rate of the latent weights and the embeddings (None: lr)
-    train_embeddings: bool = False  # the float embeddings and lm_head (tied or not) train too, at weight_lr
-    # a first phase of this many steps with every code fixed (the scales learn at scales_first_lr, with the norms,
-    # and the embeddings when train_embeddings); the main phase then starts from its best held-out state (0: one phase)
-    scales_first: int = 600
-    scales_first_lr: float = 3e-3
-    # torch.compile the training step's teacher and student forward passes (and so the student's backward):
-    # fewer, fused kernels a step; None: on CUDA only (the first step of each phase compiles: about 20 s for
-    # SmolLM2-135M on the H200 machine)
-    compile: bool | None = None
-    # with data: this many teacher-sampled sequences join the text's training windows; 2048 took SmolLM2 from
-    # 86.9 to 70.5 (benchmarks/results/ptq_smollm2_heal_mix_h200.json); off by default: sampling is slow on a CPU
-    mix_sampled: int = 0
-    # how each teacher-sampled sequence starts (trit.calibrate.FIRST): BOS and a random token, as calibration's
-    sample_first: str = "random"
-
-    def training_samples(self) -> int:
-        """Training sequences: ``train_samples``, else 4096 data-free and 2048 windows of ``data``."""
-        if self.train_samples is not None:
-            return self.train_samples
-        return 4096 if self.data is None else 2048
-
-    def sampling_batch(self, device: str, sequence_bytes: int = 0, free_bytes: int | None = None) -> int:
-        """Sequences the teacher samples at once on ``device``: ``sample_batch``; by default 64 on the CPU, and on
-        CUDA 512, halved while that many sequences' KV cache (``sequence_bytes`` each) would take more than a
-        quarter of the device's ``free_bytes`` (a larger model, a smaller GPU)."""
-        if self.sample_batch is not None:
-            return self.sample_batch
-        if not _is_cuda(device):
-            return 64
-        batch = 512
-        while free_bytes is not None and batch > 1 and batch * sequence_bytes > free_bytes // 4:
-            batch //= 2
-        return batch
-
-    def compiles(self, device: str) -> bool:
-        """Whether a heal on ``device`` compiles its step: ``compile``, or by default on CUDA only."""
-        return self.compile if self.compile is not None else _is_cuda(device)
 
 
 @dataclass
@@ -214,7 +151,7 @@ def _kl(student_logits: torch.Tensor, teacher_logits: torch.Tensor) -> torch.Ten
     return (t.exp() * (t - s)).sum(-1).mean()
 
 
-def _sequences(teacher, tokenizer, opts: HealOptions, progress: bool = False,
+def _sequences(teacher, tokenizer, opts: HealConfig, progress: bool = False,
                device: str = "cpu") -> tuple[torch.Tensor, torch.Tensor]:
     """Training and held-out token windows ``(S, T)``; the two never share a window (sampled on ``device``)."""
     from trit.calibrate import sample_from_model, windows_from_text
@@ -255,7 +192,7 @@ def _heldout_kl(student, teacher_logits: list[torch.Tensor], heldout: torch.Tens
 
 
 def heal(
-    ckpt_dir: str | Path, teacher_dir: str | Path, out_dir: str | Path, opts: HealOptions = HealOptions(),
+    ckpt_dir: str | Path, teacher_dir: str | Path, out_dir: str | Path, opts: HealConfig = HealConfig(),
     overwrite: bool = False, progress: bool = True, log: Callable[[str], None] = print,
 ) -> HealReport:
     """Distil ``teacher_dir`` into the ternary ``ckpt_dir``; write the best student to ``out_dir``."""
@@ -362,7 +299,7 @@ def _compile_blocks(model: nn.Module) -> None:
         block.compile(backend=COMPILE_BACKEND, dynamic=False)
 
 
-def _check_options(opts: HealOptions) -> None:
+def _check_options(opts: HealConfig) -> None:
     """Counts and rates a run can use, named by their flags; before anything is loaded or written."""
     at_least = {"--steps": (opts.steps, 0), "--scales-first": (opts.scales_first, 0), "--batch": (opts.batch, 1),
                 "--seq-len": (opts.seq_len, 2), "--train-samples": (opts.training_samples(), 1),
@@ -407,7 +344,7 @@ def _restore(student: nn.Module, qat: dict[str, QATLinear], snapshot: tuple[dict
         m.frozen = frozen[name]
 
 
-def _phase_setup(student: nn.Module, qat: dict[str, QATLinear], opts: HealOptions, steps: int, lr: float,
+def _phase_setup(student: nn.Module, qat: dict[str, QATLinear], opts: HealConfig, steps: int, lr: float,
                  freeze: bool) -> tuple[list[nn.Parameter], torch.optim.Optimizer, torch.optim.lr_scheduler.LambdaLR]:
     """One phase's trainable parameters (codes fixed or not), AdamW and its schedule: a linear warm-up over 5% of
     the steps, then cosine down to 10%. Scales and norms learn at ``lr``, latent weights and embeddings at

@@ -17,6 +17,7 @@ plugin hook).
 
 from __future__ import annotations
 
+import dataclasses
 from typing import Any
 
 import torch
@@ -37,7 +38,9 @@ def _classes():
         """``quantization_config`` of a trit checkpoint, as transformers holds it; checked by :mod:`trit.format`."""
 
         def __init__(self, **kwargs: Any):
-            self.trit = fmt.TritConfig.from_dict({"quant_method": fmt.QUANT_METHOD, **kwargs})
+            trit = fmt.TritConfig.from_dict({"quant_method": fmt.QUANT_METHOD, **kwargs})
+            # how the model runs (TRIT_ACTIVATIONS), not what to_dict writes back
+            self.trit = dataclasses.replace(trit, activation=fmt.served_activation(trit.activation))
             self.quant_method = fmt.QUANT_METHOD
             self.modules_to_not_convert = list(self.trit.modules_not_converted)
 

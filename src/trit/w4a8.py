@@ -24,45 +24,17 @@ from pathlib import Path
 import torch
 
 from trit import compressed
-from trit import format as fmt
 from trit.arch import check_float_source, is_decoder_linear, open_float_source
-from trit.calibrate import CalibOptions
 from trit.checkpoint import (
     check_all_finite,
     write_checkpoint,
 )
+from trit.configs import W4A8Config
 from trit.errors import ConvertError
-from trit.quant.gptq import GptqOptions
 from trit.quant.rotate import rotated_config
 from trit.rotation import choose_rotation, rotation_maps, tied_head_bytes
 
-BITS = 4
-
-
-@dataclass(frozen=True)
-class W4A8Options:
-    group_size: int = 64  # compressed.CHANNEL: one scale per output channel
-    tensor_parallel_size: int = 1  # checked: each rank's slice of a row-parallel layer holds whole groups
-    calib: CalibOptions = CalibOptions()
-    act_order: bool = GptqOptions.act_order  # columns by decreasing Hessian diagonal (groups stay contiguous)
-    damp: float = GptqOptions.damp
-    passes: int = 1  # with more, each later pass rounds onto the least-squares scales of the one before
-    device: str = "cpu"
-    overwrite: bool = False
-    # rotate the residual stream (and each value head) first, as ternary's --rotate: the same function, and
-    # activations whose outliers are spread over every channel before their per-token int8 scale. None: on
-    # (measured better on every domain: benchmarks/results/quality_domains_cpu_w4a8_rotate.json), but a model
-    # type the rotation does not know is quantized as it stands
-    rotate: bool | None = None
-
-    @property
-    def rotates(self) -> bool:
-        return self.rotate is not False
-
-    def gptq(self) -> GptqOptions:
-        group = fmt.PER_ROW if self.group_size == compressed.CHANNEL else self.group_size
-        return GptqOptions(group, 1, self.damp, self.act_order, refit=self.passes > 1, passes=self.passes,
-                           float_target=False, int_bits=BITS)
+BITS = compressed.BITS
 
 
 @dataclass
@@ -98,15 +70,16 @@ def scale_dtype(config: dict) -> torch.dtype:
 
 
 def quantize_w4a8(
-    model_dir: str | Path, out_dir: str | Path, options: W4A8Options | None = None, progress: bool = True,
+    model_dir: str | Path, out_dir: str | Path, config: W4A8Config | None = None, overwrite: bool = False,
+    progress: bool = True,
     log: Callable[[str], None] = print,
 ) -> W4A8Report:
     """Quantize ``model_dir`` to W4A8 at ``out_dir``; see the module docstring."""
     from trit.calibrate import gptq_model
 
-    opts = options or W4A8Options()
+    opts = config or W4A8Config()
     src, out = Path(model_dir), Path(out_dir)
-    ckpt = open_float_source(src, out, opts.overwrite)
+    ckpt = open_float_source(src, out, overwrite)
     if opts.passes < 1:
         raise ConvertError(f"--passes {opts.passes}: GPTQ needs at least one rounding pass")
     check_float_source(ckpt)
@@ -154,4 +127,4 @@ def quantize_w4a8(
     return report
 
 
-__all__ = ["W4A8Options", "W4A8Report", "quantize_w4a8"]
+__all__ = ["W4A8Report", "quantize_w4a8"]

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import dataclasses
 import subprocess
 import sys
 from pathlib import Path
@@ -68,10 +67,11 @@ def test_a_larger_scale_dtype_is_caught(monkeypatch: pytest.MonkeyPatch, capsys)
     import trit.convert
     from trit import format as fmt
     from trit.bench import memory
+    from trit.configs import Layout
 
-    real = trit.convert.ConvertOptions
-    monkeypatch.setattr(trit.convert, "ConvertOptions",
-                        lambda **kw: dataclasses.replace(real(**kw), scale_dtype=fmt.ScaleDtype.FLOAT32))
+    real = trit.convert.convert
+    monkeypatch.setattr(trit.convert, "convert",
+                        lambda *a, **kw: real(*a, layout=Layout(scale_dtype=fmt.ScaleDtype.FLOAT32), **kw))
     baseline = guard.load(BASELINES / "memory_cpu.json")
     baseline.figures = {k: v for k, v in baseline.figures.items() if "smollm2" not in k}
     rows = guard.compare(memory.report(smollm2=False), baseline)

@@ -70,13 +70,13 @@ def test_format_version_2(ckpt: Path) -> None:
 def test_padding_must_be_zero(tmp_path: Path) -> None:
     from conftest import make_tiny_model
 
-    from trit.convert import ConvertOptions, convert
+    from trit.configs import AbsmeanConfig
+    from trit.convert import convert
     from trit.format import pack
-    from trit.quant import Method
 
     src = make_tiny_model(tmp_path / "f", hidden=96, intermediate=128)
     out = tmp_path / "t"
-    convert(src, out, ConvertOptions(method=Method.ABSMEAN, group_size=64), progress=False)
+    convert(src, out, AbsmeanConfig(64), progress=False)
     layer = "model.layers.0.mlp.gate_proj"  # K = 96, padded to 128
 
     def spoil(t: dict) -> None:

@@ -36,12 +36,12 @@ def tiny_ternary(tmp_path_factory: pytest.TempPathFactory) -> Path:
     prompts of 100 tokens and more), and what this test checks is the path through lm-eval, not the scheme."""
     from conftest import make_tiny_model
 
-    from trit.convert import ConvertOptions, convert
-    from trit.quant import Method
+    from trit.configs import AbsmeanConfig
+    from trit.convert import convert
 
     root = tmp_path_factory.mktemp("tiny-gsm8k")
     src = make_tiny_model(root / "float", hidden=192, intermediate=320, heads=3, kv_heads=1)
-    convert(src, root / "trit", ConvertOptions(method=Method.ABSMEAN, group_size=64), progress=False)
+    convert(src, root / "trit", AbsmeanConfig(64), progress=False)
     return root / "trit"
 
 

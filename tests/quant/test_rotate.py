@@ -118,16 +118,15 @@ def test_quantize_rotate_writes_an_untied_rotated_checkpoint(tmp_path: Path) -> 
 
 
 def test_rotation_is_the_default_for_gptq_only() -> None:
-    from trit.convert import ConvertOptions
-    from trit.quant import Method
+    from trit.configs import AbsmeanConfig, GPTQConfig, TWNConfig
 
-    assert ConvertOptions().rotates and ConvertOptions(planes=2).rotates
-    assert not ConvertOptions(method=Method.ABSMEAN).rotates and not ConvertOptions(method=Method.TWN).rotates
-    assert ConvertOptions(method=Method.ABSMEAN, rotate=True).rotates
-    assert not ConvertOptions(rotate=False).rotates
-    from trit.w4a8 import W4A8Options
+    assert GPTQConfig().rotates and GPTQConfig(planes=2).rotates
+    assert not AbsmeanConfig().rotates and not TWNConfig().rotates
+    assert AbsmeanConfig(rotate=True).rotates
+    assert not GPTQConfig(rotate=False).rotates
+    from trit.configs import W4A8Config
 
-    assert W4A8Options().rotates and not W4A8Options(rotate=False).rotates  # w4a8: on unless --no-rotate
+    assert W4A8Config().rotates and not W4A8Config(rotate=False).rotates  # w4a8: on unless --no-rotate
 
 
 def _tied_source() -> tuple[dict, dict[str, torch.Tensor]]:

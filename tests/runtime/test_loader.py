@@ -13,9 +13,9 @@ from safetensors.torch import load_file
 import trit.runtime.loader
 from trit import format as fmt
 from trit import runtime
-from trit.convert import ConvertOptions, convert
+from trit.configs import AbsmeanConfig
+from trit.convert import convert
 from trit.nn import TritLinear
-from trit.quant import Method
 
 
 def _dequantized_float_model(trit_dir: Path, float_dir: Path):
@@ -35,7 +35,7 @@ def _dequantized_float_model(trit_dir: Path, float_dir: Path):
 def test_logits_match_dequantized_float_model(tmp_path: Path, hidden: int, group: int, tie: bool) -> None:
     src = make_tiny_model(tmp_path / "float", hidden=hidden, intermediate=128, tie=tie)
     out = tmp_path / "trit"
-    convert(src, out, ConvertOptions(method=Method.ABSMEAN, group_size=group), progress=False)
+    convert(src, out, AbsmeanConfig(group), progress=False)
     loaded = runtime.load(out, device="cpu", dtype=torch.float32)
     ternary = [m for m in loaded.model.modules() if isinstance(m, TritLinear)]
     assert len(ternary) == 14
@@ -154,7 +154,7 @@ def test_an_int8_head_is_the_rounded_head(tmp_path: Path, monkeypatch, tie: bool
 
     src = make_tiny_model(tmp_path / "float", hidden=64, intermediate=128, tie=tie)
     out = tmp_path / "trit"
-    convert(src, out, ConvertOptions(method=Method.ABSMEAN, group_size=32), progress=False)
+    convert(src, out, AbsmeanConfig(32), progress=False)
     stored = runtime.load(out, device="cpu", dtype=torch.float32)
     head = stored.model.get_output_embeddings().weight.detach().clone()
     monkeypatch.setenv("TRIT_LM_HEAD", "int8")

@@ -15,13 +15,13 @@ from trit import runtime
 
 @pytest.mark.parametrize("tie", [False, True])
 def test_an_int8_head_in_vllm_equals_the_runtime(tmp_path: Path, tie: bool) -> None:
-    from trit.convert import ConvertOptions, convert
+    from trit.configs import AbsmeanConfig, Layout
+    from trit.convert import convert
     from trit.kernels.int8_rows import Int8RowsLinear
-    from trit.quant import Method
     from trit.synthetic import make_checkpoint
 
     src = make_checkpoint(tmp_path / "float", hidden=128, intermediate=256, heads=2, kv_heads=1, tie=tie)
-    convert(src, tmp_path / "trit", ConvertOptions(method=Method.ABSMEAN, group_size=64, lm_head="int8"),
+    convert(src, tmp_path / "trit", AbsmeanConfig(64), Layout(lm_head="int8"),
             progress=False, log=lambda s: None)
     assert json.loads((tmp_path / "trit" / "config.json").read_text())["quantization_config"]["lm_head"] == "int8"
     records = llm_outputs(tmp_path / "trit", tmp_path / "out.json")

@@ -14,13 +14,13 @@ from trit import runtime
 
 
 def test_the_mma_layout_in_vllm_equals_the_runtime(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
-    from trit.convert import ConvertOptions, convert
+    from trit.configs import AbsmeanConfig
+    from trit.convert import convert
     from trit.nn import TritLinear
-    from trit.quant import Method
     from trit.synthetic import make_checkpoint
 
     src = make_checkpoint(tmp_path / "float", hidden=128, intermediate=256, heads=2, kv_heads=1)
-    convert(src, tmp_path / "trit", ConvertOptions(method=Method.ABSMEAN, group_size=64), progress=False,
+    convert(src, tmp_path / "trit", AbsmeanConfig(64), progress=False,
             log=lambda s: None)
     monkeypatch.setenv("TRIT_LAYOUT", "mma")  # the engine's subprocess inherits it
     records = llm_outputs(tmp_path / "trit", tmp_path / "out.json")

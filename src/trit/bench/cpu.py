@@ -122,13 +122,13 @@ def _prefill_tps(loaded, ids: torch.Tensor) -> float:
 def checkpoint(kind: str, work: Path) -> Path:
     """SmolLM2 as bf16, or made ternary (absmean, group 64) into ``work``."""
     from trit import smollm2
-    from trit.convert import ConvertOptions, convert
-    from trit.quant import Method
+    from trit.configs import AbsmeanConfig
+    from trit.convert import convert
 
     path = smollm2.float_checkpoint()
     if kind == "trit":
         out = work / "ternary"
-        convert(path, out, ConvertOptions(method=Method.ABSMEAN), progress=False, log=lambda s: None)
+        convert(path, out, AbsmeanConfig(), progress=False, log=lambda s: None)
         return out
     return path
 

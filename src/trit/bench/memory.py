@@ -43,15 +43,15 @@ def checkpoint_figures(rep: Report, label: str, folder: Path) -> None:
 
 
 def tiny_figures(rep: Report, work: Path) -> None:
-    from trit.convert import ConvertOptions, convert
-    from trit.quant import Method
+    from trit.configs import AbsmeanConfig
+    from trit.convert import convert
     from trit.synthetic import make_checkpoint
 
     for family in FAMILIES:
         src = make_checkpoint(work / family, model_type=family, seed=0)
         for group in (32, 64):
             out = work / f"{family}-g{group}"
-            convert(src, out, ConvertOptions(method=Method.ABSMEAN, group_size=group), progress=False,
+            convert(src, out, AbsmeanConfig(group), progress=False,
                     log=lambda s: None)
             checkpoint_figures(rep, f"tiny {family} absmean g{group}", out)
 

@@ -12,6 +12,7 @@ compared by every command, and so does a W4A8 checkpoint (compressed-tensors,
 
 from __future__ import annotations
 
+import dataclasses
 from contextlib import ExitStack
 from dataclasses import dataclass
 from pathlib import Path
@@ -57,13 +58,16 @@ def load(
     validate: bool = True,
     warm: bool | None = None,
     lm_head: str | None = None,
+    activations: str | None = None,
 ) -> Loaded:
     """Load a trit (or float) checkpoint folder for inference; see the module docstring.
 
     ``warm``: run each layer shape's kernels once now (:meth:`trit.linear.LinearKernel.warm_up`) so the first request does
     not compile them; ``None`` follows ``TRIT_WARMUP`` (on by default on CUDA). ``lm_head``: ``"stored"`` or
     ``"int8"`` (the output layer rounded to int8 rows, :class:`trit.kernels.int8_rows.Int8RowsLinear`); ``None``
-    follows ``TRIT_LM_HEAD``, else the checkpoint's ``quantization_config.lm_head``. A trit checkpoint only.
+    follows ``TRIT_LM_HEAD``, else the checkpoint's ``quantization_config.lm_head``. ``activations``: ``"none"`` or
+    ``"int8_per_token"`` (W1.58A8); ``None`` follows ``TRIT_ACTIVATIONS``, else the checkpoint's. A trit checkpoint
+    only.
     """
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
@@ -75,6 +79,8 @@ def load(
     if compressed.is_w4a8(ckpt.quantization_config):
         return Loaded(_load_w4a8(ckpt, device, dtype, validate).eval(), tokenizer, None, ckpt)
     qcfg = ckpt.trit_config()
+    if qcfg is not None:
+        qcfg = dataclasses.replace(qcfg, activation=fmt.served_activation(qcfg.activation, activations))
     if qcfg is None:
         model = AutoModelForCausalLM.from_pretrained(ckpt.path, dtype=dtype).to(device).eval()
         return Loaded(model, tokenizer, None, ckpt)

@@ -27,6 +27,7 @@ implementations that vLLM's ``torch.compile`` traces through).
 
 from __future__ import annotations
 
+from dataclasses import replace
 from typing import Any
 
 import torch
@@ -90,7 +91,8 @@ class TritVllmConfig(QuantizationConfig):
     @classmethod
     def from_config(cls, config: dict[str, Any]) -> TritVllmConfig:
         try:
-            return cls(fmt.TritConfig.from_dict(config))
+            trit = fmt.TritConfig.from_dict(config)
+            return cls(replace(trit, activation=fmt.served_activation(trit.activation)))  # TRIT_ACTIVATIONS
         except fmt.FormatError as e:  # vLLM does not say which file this came from: maybe_update_config will
             return cls(fmt.TritConfig(), error=e)
 
