@@ -858,6 +858,80 @@ def domains_headline() -> str:
     return "\n".join(lines)
 
 
+# the README's speed table: kernel runs of one card and date (each a setting: bf16 or int8 activations), and the
+# serve sweep of that card; the model whose four layer shapes are summed
+README_KERNELS = ("kernels_h100_m512.json",)
+README_SERVE = SWEEP_SERVE
+README_MODEL = "llama3-8b"
+README_COLUMNS = (1, 16, 64, 256, 2048)
+
+
+def readme_speed() -> str:
+    """The README's one speed table: kernels summed over a model's four layers (trit, and the peers each run timed)
+    and vLLM serving, each against bf16 on the same card."""
+    lines = [f"| {README_MODEL}, x bf16 | " + " | ".join(str(c) for c in README_COLUMNS) + " |",
+             "|---|" + "---|" * len(README_COLUMNS)]
+    cards, files = set(), []
+    for name in README_KERNELS:
+        d = json.loads((RESULTS / name).read_text())
+        cards.add(d["device"])
+        files.append(f"`{name}`")
+        act = "W1.58A8 (int8 activations)" if d.get("activations") == "int8" else "bf16 activations"
+        g = d.get("group_size", 64)
+        scale = "one scale a row" if g == -1 else f"groups of {g}"
+        sums = d["summed_speedup_vs_bf16"]
+        lines.append(f"| kernels, trit, {act}, {scale} (M rows) | " + " | ".join(
+            f"x{sums[f'{README_MODEL} M={m}']:.2f}" if f"{README_MODEL} M={m}" in sums else "-"
+            for m in README_COLUMNS) + " |")
+        for peer, by in d.get("peers_summed_speedup_vs_bf16", {}).items():
+            lines.append(f"| kernels, {peer.replace('_', ' ')} ({d['peer_versions'].get('humming', '')}) | "
+                         + " | ".join(f"x{by[f'{README_MODEL} M={m}']:.2f}" if f"{README_MODEL} M={m}" in by else "-"
+                                      for m in README_COLUMNS) + " |")
+    levels: dict[int, dict[str, float]] = {}
+    for f, run, sv, lv in _serve_levels(README_SERVE):
+        if sv["model"] == README_MODEL and lv.get("output_tokens_per_s"):
+            cards.add(run["device"])
+            files.append(f"`{README_SERVE}/{f.name}`")
+            levels.setdefault(lv["concurrency"], {})[sv["weights"]] = lv["output_tokens_per_s"]
+    lines.append("| vLLM serving, trit (concurrency) | " + " | ".join(
+        f"x{levels[c]['trit'] / levels[c]['bf16']:.2f}" if {"trit", "bf16"} <= set(levels.get(c, {})) else "-"
+        for c in README_COLUMNS) + " |")
+    lines += ["", f"{', '.join(sorted(c for c in cards if c))}; bf16 cuBLAS time / the kernel's time, CUDA graphs, "
+              "weights rotated past the L2; vLLM 0.25.1's OpenAI server, output tokens a second, 512-token prompts "
+              f"no server had seen, 256 tokens out. Files: {', '.join(dict.fromkeys(files))} "
+              "(`benchmarks/results/`, each with its command); `-`: not measured."]
+    return "\n".join(lines)
+
+
+# the README's quality rows: the defaults and what they are measured against (labels of HEADLINE_DOMAINS)
+README_DOMAINS = (
+    ("bf16", 0), ("naive rounding (BitNet's absmean rule)", 1), ("**one plane, the default** (`trit quantize`)", 2),
+    ("one plane, healed (`trit heal`, on a GPU)", 7), ("two planes (`--planes 2`)", 5),
+    ("int4 W4A8 (`--scheme w4a8`)", 9),
+)
+
+
+def readme_quality() -> str:
+    """The README's one quality table: the defaults on three domains, each row against its own run's bf16."""
+    runs = {name: json.loads((RESULTS / name).read_text()) for _, name, _ in HEADLINE_DOMAINS}
+    corpora = runs[HEADLINE_DOMAINS[0][1]]["corpora"]
+    lines = ["| SmolLM2-135M-Instruct | bits a weight | " + " | ".join(f"{c} (x bf16)" for c in corpora)
+             + " | geo. mean | machine |", "|---|---|" + "---|" * (len(corpora) + 2)]
+    for label, i in README_DOMAINS:
+        _, name, variant = HEADLINE_DOMAINS[i]
+        rows = {r["variant"]: r for r in runs[name]["rows"]}
+        row, bf16 = rows[variant], rows["bf16"]
+        bits = f"{row['bits_per_weight']:.2f}" if row.get("bits_per_weight") else "16"
+        ratios = [f"x{row['perplexity'][c] / bf16['perplexity'][c]:.3g}" for c in corpora]
+        machine = "CPU" if "_cpu" in name else "H100" if "_h100" in name else "H200"
+        lines.append(f"| {label} | {bits} | " + " | ".join(ratios)
+                     + f" | x{row['geometric_mean'] / bf16['geometric_mean']:.3g} | {machine} |")
+    lines += ["", "Perplexity over bf16's on the first 16 windows of 512 tokens of each corpus's evaluation half; "
+              "every run's command is in its file (`benchmarks/results/quality_domains_*.json`); "
+              "[docs/results.md](docs/results.md) has every row."]
+    return "\n".join(lines)
+
+
 def _domains_run(path: Path) -> str:
     """Perplexity per domain and its geometric mean, GSM8K where scored, for one run of the script."""
     d = json.loads(path.read_text())
@@ -986,13 +1060,34 @@ TABLES = {"kernels": kernels, "kernels-h100": lambda: kernels("kernels_h100_m512
           "serve-sweep": lambda: serve(SWEEP_SERVE), "mma": mma, "speedups": speedups, "serving": serving, "serve": serve,
           "serve-fresh": lambda: serve(FRESH), "serve-profile": serve_profile, "serve-head": serve_head, "repack": repack, "host-path": host_path, "lm-head": lm_head, "lm-head-speed": lm_head_speed, "layout-scales": layout_scales, "serve-budget": serve_budget, "serve-h100": serve_h100, "plan-vllm": plan_vllm, "cpu": cpu, "cpu-models": cpu_models, "domains": domains, "domains-headline": domains_headline,
           "vllm": vllm, "a8": a8, "ptq": ptq, "quality": quality, "decode": decode, "decode-plots": decode_plots,
-          "serve-plot": serve_plot}
+          "serve-plot": serve_plot, "readme-quality": readme_quality, "readme-speed": readme_speed}
 _BLOCK = re.compile(r"(<!-- table:([\w-]+) -->\n)(.*?)(<!-- /table:\2 -->)", re.S)
 
 
+HEAL_RESULT = "quality_domains_h100_heal_defaults.json"  # the default heal recipe's run (trit demo's closing line)
+
+
+def shipped_results() -> dict:
+    """The headline results trit ships in its package (``trit/data/results.json``), which ``trit demo`` reads: the
+    default heal recipe's run across three domains."""
+    run = json.loads((RESULTS / HEAL_RESULT).read_text())
+    rows = {r["variant"]: r for r in run["rows"]}
+    healed = next(r for r in run["rows"] if "heal" in r)
+    steps = healed["command"].split(" && ")
+    return {"heal": {
+        "command": steps[-1].replace("BASE", "ONE_PLANE").replace("OUT", "HEALED") + " --device cuda",
+        "device": run["gpu"], "seconds": healed["heal_seconds"], "bits_per_weight": healed["bits_per_weight"],
+        "ratio_to_bf16": healed["ratio_to_bf16"], "geometric_mean_ratio": healed["geometric_mean_ratio"],
+        "before_geometric_mean_ratio": rows["gptq"]["geometric_mean_ratio"],
+        "source": f"benchmarks/results/{HEAL_RESULT}"}}
+
+
 def write() -> str:
-    """Refresh every marked block of README.md and docs/*.md from the result files."""
-    done = []
+    """Refresh every marked block of README.md and docs/*.md, and the package's shipped results, from the result
+    files."""
+    shipped = SRC / "trit" / "data" / "results.json"
+    shipped.write_text(json.dumps(shipped_results(), indent=1) + "\n")
+    done = [f"{shipped.relative_to(ROOT)}"]
     for path in [ROOT / "README.md", *sorted((ROOT / "docs").glob("*.md"))]:
         text = path.read_text()
         new = _BLOCK.sub(lambda m: f"{m.group(1)}{TABLES[m.group(2)]()}\n{m.group(4)}", text)

@@ -9,6 +9,7 @@ layer never import each other. docs/design.md draws the same picture, with these
 from __future__ import annotations
 
 import ast
+import re
 from pathlib import Path
 
 SRC = Path(__file__).resolve().parents[1] / "src"
@@ -159,3 +160,13 @@ def test_every_load_path_reaches_the_kernels_through_the_layer_object() -> None:
     graph = _graph()
     assert "trit.linear" in graph["trit.nn"] and "trit.linear" in graph["trit.vllm.config"]
     assert "trit.nn" in graph["trit.hf"] and "trit.nn" in graph["trit.runtime.loader"]
+
+
+def test_the_design_docs_layer_table_is_this_files() -> None:
+    """docs/design.md draws the layers this test checks: the same modules on the same rows."""
+    text = (SRC.parent / "docs" / "design.md").read_text()
+    rows = re.findall(r"^\| (\d+) \| (.+?) \|", text, re.M)
+    drawn = [sorted("trit." + m.strip("`").rstrip("/").replace("/", ".") for m in cells.split(", "))
+             for _, cells in rows]
+    assert [int(n) for n, _ in rows] == list(range(len(rows)))
+    assert drawn == [sorted(layer) for layer in LAYERS[:-1]]  # the top package's __init__ is not drawn

@@ -41,7 +41,7 @@ from trit.kernels.cuda import mma
 LAYOUT_ENV = "TRIT_LAYOUT"
 WARMUP_ENV = "TRIT_WARMUP"
 # under "auto", layers of fewer weights than this, or of fewer inputs than TILE_MIN_K, stay in format v1, whose
-# Triton kernels were as fast or faster on them (docs/kernels.md, "Which layers the mma layout takes")
+# Triton kernels were as fast or faster on them (docs/results.md has the runs)
 TILE_MIN_WEIGHTS = 20 * 2**20
 TILE_MIN_K = 2048
 # the token counts a layer's forward runs at warm-up: the decode GEMV's unrolled M (1-4), each M bucket of the

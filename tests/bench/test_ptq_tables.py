@@ -36,3 +36,22 @@ def test_table_names_both_phases_of_one_run() -> None:
     assert tables._ptq_name(row) == (
         "healed (gptq-g64-float-target; text data, batch 16x512, scales+norms+embeddings, lr 0.003, 300 steps -> "
         "text data, batch 16x512, all+embeddings, lr 0.001, weight lr 0.002, 500 steps)")
+
+
+def test_the_front_page_is_short_and_its_tables_are_the_result_files() -> None:
+    """README.md stays a front page (under 10 KB), and every marked table in it and in docs/ is what
+    benchmarks/tables.py makes from the committed JSON now (no figure typed by hand, none stale); the results the
+    package ships (trit demo's closing line) are made from the same files."""
+    import json
+    import re
+
+    root = Path(__file__).resolve().parents[2]
+    readme = (root / "README.md").read_text()
+    assert len(readme.encode()) < 10 * 1024
+    assert {"readme-quality", "readme-speed"} <= set(re.findall(r"<!-- table:([\w-]+) -->", readme))
+    for path in [root / "README.md", *sorted((root / "docs").glob("*.md"))]:
+        for m in tables._BLOCK.finditer(path.read_text()):
+            if m.group(2) != "decode-plots":  # writes PNGs beside its table
+                assert m.group(3) == tables.TABLES[m.group(2)]() + "\n", f"{path.name}: table {m.group(2)} is stale"
+    shipped = json.loads((root / "src" / "trit" / "data" / "results.json").read_text())
+    assert shipped == json.loads(json.dumps(tables.shipped_results()))

@@ -2,7 +2,7 @@
 
 The opt-in 8-bit head of a trit model (``quantization_config.lm_head = "int8"``,
 or ``TRIT_LM_HEAD=int8`` when a model is loaded). Its perplexity cost was
-measured before it was built (docs/serving.md, "An 8-bit lm_head"), with the
+measured before it was built (docs/results.md, "An 8-bit lm_head"), with the
 same rounding: symmetric, scale ``max|w| / 127`` a row, round half to even.
 
 - :func:`quantize_rows`: (N, K) float -> int8 codes and float32 row scales.
