@@ -36,7 +36,7 @@ def test_the_configs_are_the_api_and_carry_every_option_the_cli_has() -> None:
     assert (trit.Layout(lm_head="int8").lm_head, trit.CalibConfig(first="bos").first) == ("int8", "bos")
     with pytest.raises(TypeError, match="expected AbsmeanConfig, TWNConfig, GPTQConfig or W4A8Config"):
         trit.quantize("m", "o", "gptq")  # type: ignore[arg-type]
-    with pytest.raises(ValueError, match="lm_head: expected one of"):
+    with pytest.raises(ValueError, match=r"Layout\(lm_head='fp8'\): expected one of stored, int8"):
         trit.Layout(lm_head="fp8")
 
 

@@ -98,7 +98,7 @@ def test_random_first_token_starts_each_sampled_window_apart(tiny: Path) -> None
     assert len(set(rnd[:, 1].tolist())) > 1 and not special & set(rnd[:, 1].tolist())
     again = calibration_ids(ckpt, CalibConfig(samples=6, seq_len=12, batch=3, first="random", cache=False), "cpu")
     assert torch.equal(rnd, again)  # seeded (sampled again: the cache left out)
-    with pytest.raises(ValueError, match="first: expected one of bos, random"):
+    with pytest.raises(ValueError, match=r"CalibConfig\(first='text'\): expected one of bos, random"):
         calibration_ids(ckpt, CalibConfig(samples=2, seq_len=8, first="text"), "cpu")
 
 

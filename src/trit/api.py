@@ -87,5 +87,7 @@ def generate(model: Loaded, prompt: str, max_new_tokens: int = SamplingOptions.m
     ``chat`` applies the tokenizer's chat template; ``truncate`` keeps the prompt's last tokens when it leaves
     no room in the context (else it is refused).
     """
+    if not isinstance(model, Loaded):
+        raise TypeError(f"model: expected what trit.load returns (trit.Loaded), found {type(model).__name__}")
     options = SamplingOptions(max_new_tokens, temperature, top_p, top_k, repetition_penalty, seed)
     return _generate(model, prompt, options, chat, truncate)

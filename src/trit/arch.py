@@ -150,3 +150,34 @@ def materialize_buffers(model: nn.Module, device: torch.device) -> None:
     left = [n for n, t in [*model.named_parameters(), *model.named_buffers()] if t.is_meta]
     if left:
         raise fmt.FormatError(left[0], "a tensor in the checkpoint", "none")
+
+
+def load_tokenizer(ckpt: Checkpoint):
+    """The checkpoint folder's tokenizer (transformers'), whose vocabulary fits the model's embedding; else one
+    :class:`CheckpointError` naming the folder."""
+    from transformers import AutoTokenizer
+
+    try:
+        tokenizer = AutoTokenizer.from_pretrained(ckpt.path)
+    except (OSError, ValueError, TypeError) as e:  # no tokenizer files, or ones transformers cannot read
+        reason = str(e).strip().splitlines()[0][:200] if str(e).strip() else type(e).__name__
+        raise CheckpointError(ckpt.path, f"expected a tokenizer (tokenizer.json or tokenizer.model with "
+                                         f"tokenizer_config.json), found none transformers can load ({reason})") from None
+    check_vocab(ckpt, len(tokenizer))
+    return tokenizer
+
+
+def check_vocab(ckpt: Checkpoint, tokenizer_size: int | None = None) -> None:
+    """config.json's ``vocab_size`` equals the embedding's rows, and a tokenizer of ``tokenizer_size`` ids fits
+    them; else one :class:`CheckpointError` naming the file and the sizes."""
+    info = ckpt.tensors.get("model.embed_tokens.weight")
+    if info is None:
+        return  # the name checks report a missing embedding
+    rows = info.shape[0]
+    vocab = ckpt.config.get("vocab_size")
+    if vocab is not None and vocab != rows:
+        raise CheckpointError(ckpt.path / CONFIG_FILE, f"vocab_size {vocab}: expected the embedding's {rows} rows "
+                                                       "(model.embed_tokens.weight)")
+    if tokenizer_size is not None and tokenizer_size > rows:
+        raise CheckpointError(ckpt.path, f"the tokenizer's {tokenizer_size} ids: expected at most the embedding's "
+                                         f"{rows} rows")

@@ -99,7 +99,14 @@ def calibration_text(source: str | Path) -> str:
     if not Path(source).is_file():
         raise CheckpointError(source, f"no such calibration text file (nor a built-in corpus: "
                                       f"{', '.join(corpora.BUILT_IN)})")
-    return Path(source).read_text()
+    try:
+        text = Path(source).read_text(encoding="utf-8")
+    except UnicodeDecodeError as e:
+        raise CheckpointError(source, f"calibration text: expected UTF-8 text, found a byte it cannot be "
+                                      f"(0x{e.object[e.start]:02x} at byte {e.start})") from None
+    if not text.strip():
+        raise CheckpointError(source, "calibration text: expected text, found an empty file")
+    return text
 
 
 def calibration_ids(ckpt: Checkpoint, opts: CalibConfig, device: str, progress: bool = False) -> torch.Tensor:
@@ -118,6 +125,9 @@ def calibration_ids(ckpt: Checkpoint, opts: CalibConfig, device: str, progress: 
     tokenizer = AutoTokenizer.from_pretrained(ckpt.path)
     if opts.file is not None:
         ids = tokenizer(calibration_text(opts.file), return_tensors="pt").input_ids[0]
+        if ids.numel() < opts.seq_len:
+            raise CheckpointError(opts.file, f"calibration text of {ids.numel()} tokens: expected at least one "
+                                             f"window of {opts.seq_len} (--calib-seq-len)")
         return windows_from_text(ids, opts.samples, opts.seq_len)
     path = sample_cache_path(ckpt.path, opts, device) if opts.cache else None
     if path is not None:

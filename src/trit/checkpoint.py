@@ -18,9 +18,11 @@ transformed tensor by tensor, one output shard per input shard, that way.
 from __future__ import annotations
 
 import errno
+import glob
 import json
 import math
 import os
+import re
 import shutil
 import struct
 from collections.abc import Callable, Iterator
@@ -206,9 +208,23 @@ def open_checkpoint(folder: str | Path) -> Checkpoint:
 # ---------------------------------------------------------------------------- writing
 
 
+# what atomic_folder adds to the output folder's name for its temporary folder: ".", ".partial-" and a pid
+NAME_ROOM = len("..partial-") + 10
+NAME_MAX = 255  # bytes a file name may hold on Linux's and macOS's file systems
+
+
 def check_paths(src: Path, out: Path, overwrite: bool) -> None:
-    """Refuse an output folder that is, holds or lies in the source, or that holds something without ``overwrite``."""
-    src_r, out_r = src.resolve(), out.resolve()
+    """Refuse an output folder that is, holds or lies in the source, or that holds something without ``overwrite``;
+    a source that cannot be resolved (a symlink loop); an output name too long for its temporary folder."""
+    name_bytes = len(out.name.encode())
+    if name_bytes > NAME_MAX - NAME_ROOM:
+        raise ConvertError(f"OUT_DIR {out.name[:40]}...: its name is {name_bytes} bytes; at most "
+                           f"{NAME_MAX - NAME_ROOM} (a file name holds {NAME_MAX}, less what trit adds for the "
+                           "temporary folder it writes first)")
+    try:
+        src_r, out_r = src.resolve(strict=src.is_symlink()), out.resolve()
+    except (OSError, RuntimeError) as e:  # RuntimeError: a symlink loop (Python < 3.13)
+        raise ConvertError(f"MODEL_DIR {src}: cannot be resolved ({e})") from None
     if src_r == out_r:
         raise ConvertError(f"OUT_DIR {out} is MODEL_DIR: write the ternary checkpoint to another folder")
     if src_r in out_r.parents:
@@ -253,6 +269,7 @@ def atomic_folder(out: Path, needed: int | None = None) -> Iterator[Path]:
     free = _free_bytes(out.parent)
     if needed is not None and free < needed:
         raise _space_error(out, needed, free)
+    remove_stale_partials(out)
     made = [p for p in reversed(out.parents) if not p.exists()]  # outermost first
     tmp = out.parent / f".{out.name}.partial-{os.getpid()}"
     try:
@@ -276,6 +293,30 @@ def atomic_folder(out: Path, needed: int | None = None) -> Iterator[Path]:
         if isinstance(e, OSError) and e.errno in (errno.EROFS, errno.EACCES, errno.EPERM):
             raise CheckpointError(out, f"cannot write here: {e.strerror}") from None
         raise
+
+
+def _pid_alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:  # another user's process
+        return True
+    return True
+
+
+def remove_stale_partials(out: Path) -> list[Path]:
+    """Remove what a killed run into ``out`` left beside it (``.<name>.partial-<pid>``, ``.<name>.old-<pid>``) where
+    that process no longer exists (SIGKILL, a power cut: nothing could clean up); the ones removed."""
+    removed = []
+    if not out.parent.is_dir():
+        return removed
+    for p in out.parent.glob(f".{glob.escape(out.name)}.*-*"):
+        m = re.fullmatch(rf"\.{re.escape(out.name)}\.(partial|old)-(\d+)", p.name)
+        if m and int(m.group(2)) != os.getpid() and not _pid_alive(int(m.group(2))):
+            shutil.rmtree(p, ignore_errors=True)
+            removed.append(p)
+    return removed
 
 
 def _replace(tmp: Path, out: Path) -> None:

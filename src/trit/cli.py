@@ -8,6 +8,8 @@ one line ``trit: error: ...`` and exit with status 2; Ctrl-C exits with 130.
 from __future__ import annotations
 
 import argparse
+import contextlib
+import os
 import sys
 from collections.abc import Sequence
 from pathlib import Path
@@ -42,15 +44,26 @@ def quantize(args: argparse.Namespace) -> int:
 
 
 def calib_config(args: argparse.Namespace) -> CalibConfig:
-    """``trit quantize``'s calibration flags (both schemes), each count checked before anything is loaded."""
-    from trit.errors import OptionError
-
-    for flag, value, low in (("--calib-samples", args.calib_samples, 1), ("--calib-seq-len", args.calib_seq_len, 2),
-                             ("--calib-batch", args.calib_batch, 1)):
-        if value < low:
-            raise OptionError(f"{flag} {value}: must be at least {low}")
+    """``trit quantize``'s calibration flags (both schemes)."""
     return CalibConfig(args.calib, args.calib_samples, args.calib_seq_len, first=args.calib_first,
                        batch=args.calib_batch, cache=args.calib_cache)
+
+
+# the flag each config field comes from, for errors in the CLI's words
+FLAG_OF = {"group_size": "--group-size", "planes": "--planes", "device": "--device", "damp": "--damp",
+           "passes": "--passes", "samples": "--calib-samples", "seq_len": "--calib-seq-len", "batch": "--calib-batch",
+           "first": "--calib-first", "tensor_parallel_size": "--tensor-parallel-size", "lm_head": "--lm-head"}
+
+
+@contextlib.contextmanager
+def _as_flags():
+    """A config's refusal (:class:`~trit.errors.ConfigError`) said again with the flag its field comes from."""
+    from trit.errors import ConfigError, OptionError
+
+    try:
+        yield
+    except ConfigError as e:
+        raise OptionError(f"{FLAG_OF.get(e.field, e.field)} {e.value}: expected {e.expected}") from None
 
 
 def heal_config(args: argparse.Namespace) -> HealConfig:
@@ -65,7 +78,12 @@ def heal_config(args: argparse.Namespace) -> HealConfig:
 
 def quantize_configs(args: argparse.Namespace) -> tuple[QuantConfig, Layout]:
     """``trit quantize``'s flags as the typed configs the Python API takes (:mod:`trit.configs`); a flag left
-    unset takes the config's default."""
+    unset takes the config's default; a value a config refuses is refused by its flag."""
+    with _as_flags():
+        return _quantize_configs(args)
+
+
+def _quantize_configs(args: argparse.Namespace) -> tuple[QuantConfig, Layout]:
     from trit.compressed import parse_group_size
     from trit.errors import OptionError
 
@@ -126,10 +144,25 @@ def generate(
     return 0
 
 
+def writable_file(path: Path, flag: str) -> None:
+    """Refuse, before any work, an output file that cannot be written: a folder, or in a folder that is not one."""
+    from trit.errors import OptionError
+
+    if path.is_dir():
+        raise OptionError(f"{flag} {path}: expected a file to write, found a folder")
+    if not path.parent.is_dir():
+        raise OptionError(f"{flag} {path}: its folder {path.parent} does not exist")
+    if not os.access(path.parent, os.W_OK) or (path.exists() and not os.access(path, os.W_OK)):
+        raise OptionError(f"{flag} {path}: cannot be written here")
+
+
 def evaluate(ckpt: Path, corpora: list[str], opts: PerplexityOptions, device: str | None, dtype: str | None,
              json_out: Path | None = None, gsm8k: Gsm8kOptions | None = None) -> int:
     import json
     from dataclasses import asdict
+
+    if json_out is not None:
+        writable_file(json_out, "--json")
 
     from trit.corpora import read
 
@@ -572,10 +605,50 @@ def main(argv: Sequence[str] | None = None) -> int:
             return EXIT_USAGE
     args = parser().parse_args(argv)
     try:
-        return _dispatch(args)
+        with _signals_interrupt():
+            return _dispatch(args)
     except TritError as e:
         print(f"trit: error: {e}", file=sys.stderr)
         return EXIT_USAGE
+    except Terminated as e:
+        print(f"trit: {e.name}; nothing was left half-written", file=sys.stderr)
+        return 128 + e.signum
     except KeyboardInterrupt:
         print("trit: interrupted; nothing was left half-written", file=sys.stderr)
         return 130
+
+
+class Terminated(KeyboardInterrupt):
+    """SIGTERM or SIGHUP (what ``timeout``, docker, Slurm and systemd send), raised where the process is, so that
+    everything Ctrl-C cleans up (a half-written checkpoint folder) is cleaned up the same way."""
+
+    def __init__(self, signum: int):
+        import signal
+
+        super().__init__(signum)
+        self.signum, self.name = signum, signal.Signals(signum).name
+
+
+@contextlib.contextmanager
+def _signals_interrupt():
+    """SIGTERM and SIGHUP raise :class:`Terminated` while the command runs (the main thread only; elsewhere, and
+    where a signal cannot be caught, the handlers stay as they were)."""
+    import signal
+    import threading
+
+    if threading.current_thread() is not threading.main_thread():
+        yield
+        return
+
+    def raise_terminated(signum, frame):
+        raise Terminated(signum)
+
+    previous = {}
+    for sig in (signal.SIGTERM, getattr(signal, "SIGHUP", None)):
+        if sig is not None:
+            previous[sig] = signal.signal(sig, raise_terminated)
+    try:
+        yield
+    finally:
+        for sig, handler in previous.items():
+            signal.signal(sig, handler)

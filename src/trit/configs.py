@@ -18,10 +18,49 @@ import torch
 
 from trit import compressed
 from trit import format as fmt
+from trit.errors import ConfigError
 from trit.quant import Method
 from trit.quant.gptq import GptqOptions
 
 FIRST = ("bos", "random")  # how a data-free calibration window (or a heal sequence) starts
+
+
+def _check(config: object, field: str, ok: bool, expected: str) -> None:
+    if not ok:
+        raise ConfigError(type(config).__name__, field, getattr(config, field), expected)
+
+
+def _check_int(config: object, field: str, low: int) -> None:
+    value = getattr(config, field)
+    _check(config, field, isinstance(value, int) and not isinstance(value, bool) and value >= low,
+           f"an integer >= {low}")
+
+
+def _check_group(config: object, channel_ok: bool = False) -> None:
+    g = config.group_size
+    ok = isinstance(g, int) and not isinstance(g, bool) and (g == fmt.PER_ROW or (g >= 4 and g % 4 == 0))
+    _check(config, "group_size", ok, ("'channel' (-1)" if channel_ok else "-1 (one scale a row)")
+           + " or a positive multiple of 4")
+
+
+def _check_device(config: object) -> None:
+    """A device torch can name (``cpu``, ``cuda``, ``cuda:1``): checked before any work, and CUDA where it is."""
+    device = config.device
+    if device is None:
+        return
+    try:
+        d = torch.device(device)
+    except (RuntimeError, TypeError):
+        _check(config, "device", False, "a device torch names: cpu, cuda or cuda:N")
+    if d.type == "cuda" and not torch.cuda.is_available():
+        _check(config, "device", False, "a device this machine has (no CUDA GPU is available here)")
+    _check(config, "device", d.type in ("cpu", "cuda"), "cpu or cuda")
+
+
+def _check_gptq(config: object) -> None:
+    _check(config, "damp", isinstance(config.damp, int | float) and config.damp == config.damp and config.damp >= 0,
+           "a damping >= 0 (a fraction of the Hessian's mean diagonal)")
+    _check_int(config, "passes", 1)
 
 
 @dataclass(frozen=True)
@@ -37,8 +76,10 @@ class CalibConfig:
     cache: bool = True  # data-free: keep the sampled windows in $TRIT_CACHE/calib and reuse them
 
     def __post_init__(self) -> None:
-        if self.first not in FIRST:
-            raise ValueError(f"first: expected one of {', '.join(FIRST)}, found {self.first!r}")
+        _check(self, "first", self.first in FIRST, f"one of {', '.join(FIRST)}")
+        _check_int(self, "samples", 1)
+        _check_int(self, "seq_len", 2)
+        _check_int(self, "batch", 1)
 
 
 @dataclass(frozen=True)
@@ -57,8 +98,7 @@ class Layout:
         object.__setattr__(self, "pad_policy", fmt.PadPolicy(self.pad_policy))
         object.__setattr__(self, "scale_dtype", fmt.ScaleDtype(self.scale_dtype))
         object.__setattr__(self, "activations", fmt.ActivationQuant(self.activations))
-        if self.lm_head not in fmt.LM_HEADS:
-            raise ValueError(f"lm_head: expected one of {', '.join(fmt.LM_HEADS)}, found {self.lm_head!r}")
+        _check(self, "lm_head", self.lm_head in fmt.LM_HEADS, f"one of {', '.join(fmt.LM_HEADS)}")
 
 
 class _Rotation:
@@ -87,6 +127,9 @@ class AbsmeanConfig(_Rotation):
     device: str = "cpu"  # where the quantizer runs
     method = Method.ABSMEAN
 
+    def __post_init__(self) -> None:
+        _check_ternary(self)
+
 
 @dataclass(frozen=True)
 class TWNConfig(_Rotation):
@@ -98,6 +141,9 @@ class TWNConfig(_Rotation):
     rotate: bool | None = None
     device: str = "cpu"
     method = Method.TWN
+
+    def __post_init__(self) -> None:
+        _check_ternary(self)
 
 
 @dataclass(frozen=True)
@@ -119,9 +165,19 @@ class GPTQConfig(_Rotation):
     float_target: bool | None = GptqOptions.float_target  # aim at the float model's outputs (None: one plane)
     method = Method.GPTQ
 
+    def __post_init__(self) -> None:
+        _check_ternary(self)
+        _check_gptq(self)
+
     def gptq(self) -> GptqOptions:
         return GptqOptions(self.group_size, self.planes, self.damp, self.act_order, passes=self.passes,
                            float_target=self.float_target)
+
+
+def _check_ternary(config: object) -> None:
+    _check_group(config)
+    _check(config, "planes", config.planes in (1, 2), "1 or 2 (trit-planes a layer)")
+    _check_device(config)
 
 
 TernaryConfig = AbsmeanConfig | TWNConfig | GPTQConfig
@@ -142,6 +198,12 @@ class W4A8Config(_Rotation):
     damp: float = GptqOptions.damp
     act_order: bool = GptqOptions.act_order
     passes: int = 1  # with more, each later pass rounds onto the least-squares scales of the one before
+
+    def __post_init__(self) -> None:
+        _check_group(self, channel_ok=True)
+        _check_device(self)
+        _check_gptq(self)
+        _check_int(self, "tensor_parallel_size", 1)
 
     def gptq(self) -> GptqOptions:
         group = fmt.PER_ROW if self.group_size == compressed.CHANNEL else self.group_size

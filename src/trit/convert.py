@@ -101,6 +101,12 @@ def _plan(ckpt: Checkpoint, group_size: int, layout: Layout) -> dict[str, LayerR
             plan[module] = LayerReport(module, (n, k), "ternary")
     if not any(r.action != "kept" for r in plan.values()):
         raise ConvertError(f"{ckpt.path}: no linear layer left to quantize")
+    narrowest = min((r for r in plan.values() if r.action != "kept"), key=lambda r: r.shape[1])
+    k = narrowest.shape[1]
+    if group_size != fmt.PER_ROW and group_size > fmt.padded_k(k, 16):  # rows padded to a group larger than they are
+        raise ConvertError(f"--group-size {group_size}: larger than the rows of {narrowest.name} (K={k}), which would "
+                           f"be padded with {group_size - k} zero weights each; use a group of at most {k}, or -1 for "
+                           "one scale a row")
     return plan
 
 
@@ -175,11 +181,11 @@ def convert(
     fmt.check_group_size(config.group_size, "--group-size")
     src, out = Path(model_dir), Path(out_dir)
     ckpt = open_float_source(src, out, overwrite)
-    if config.planes not in (1, 2):
-        raise ConvertError(f"--planes {config.planes}: trit stores 1 or 2 ternary planes")
-    if isinstance(config, GPTQConfig) and config.passes < 1:
-        raise ConvertError(f"--passes {config.passes}: GPTQ needs at least one rounding pass")
     check_float_source(ckpt)  # every tensor the model needs, of its shape and a float dtype (headers only)
+    if isinstance(config, GPTQConfig) and config.calib.file is not None:
+        from trit.calibrate import calibration_text
+
+        calibration_text(config.calib.file)  # readable text, before anything heavy
     plan = _plan(ckpt, config.group_size, layout)
     report = ConvertReport(out)
     start = time.perf_counter()

@@ -14,3 +14,12 @@ class OptionError(TritError, ValueError):
 
 class ConvertError(TritError, ValueError):
     """A conversion (quantize, import, heal) that cannot go ahead, or its output folder; nothing was written."""
+
+
+class ConfigError(OptionError):
+    """A typed config (:mod:`trit.configs`) given a value its field does not allow; names the config and the field.
+    The CLI says it again with the flag the field comes from."""
+
+    def __init__(self, config: str, field: str, value: object, expected: str):
+        super().__init__(f"{config}({field}={value!r}): expected {expected}")
+        self.config, self.field, self.value, self.expected = config, field, value, expected

@@ -18,6 +18,7 @@ plugin hook).
 from __future__ import annotations
 
 import dataclasses
+from pathlib import Path
 from typing import Any
 
 import torch
@@ -65,6 +66,9 @@ def _classes():
             names = [n for n, m in model.named_modules()
                      if isinstance(m, torch.nn.Linear) and is_decoder_linear(n) and qcfg.is_converted(n)]
             swap_linears(model, names, qcfg)
+            files = kwargs.get("checkpoint_files") or []
+            if files:  # before any weight is read: none is left to random initialisation, none goes unused
+                check_state_names(model, Path(files[0]).parent)
 
         def _process_model_after_weight_loading(self, model, **kwargs: Any) -> None:
             qcfg: fmt.TritConfig = self.quantization_config.trit
@@ -88,6 +92,26 @@ def _classes():
             return False
 
     return TritHfConfig, TritHfQuantizer
+
+
+def check_state_names(model: torch.nn.Module, folder: Path) -> None:
+    """Every tensor ``model`` (its ternary layers swapped in) needs is in the checkpoint at ``folder`` with its shape,
+    and the checkpoint holds no other; one :class:`~trit.format.FormatError` naming the first that is not."""
+    from trit.arch import tied_names
+    from trit.checkpoint import open_checkpoint
+
+    ckpt = open_checkpoint(folder)
+    expected = {name: tuple(t.shape) for name, t in model.state_dict().items()}
+    missing = sorted(set(expected) - set(ckpt.tensors) - tied_names(model))
+    if missing:
+        raise fmt.FormatError(f"{folder}: {missing[0]}", f"a tensor in the checkpoint (the {type(model).__name__} "
+                              "needs it)", "none")
+    unknown = sorted(set(ckpt.tensors) - set(expected))
+    if unknown:
+        raise fmt.FormatError(f"{folder}: {unknown[0]}", f"a tensor of the {type(model).__name__}", "an unknown name")
+    for name, info in ckpt.tensors.items():
+        if tuple(info.shape) != expected[name]:
+            raise fmt.FormatError(f"{folder}: {name}", f"shape {expected[name]}", str(tuple(info.shape)))
 
 
 def register() -> None:

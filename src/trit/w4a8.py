@@ -30,7 +30,6 @@ from trit.checkpoint import (
     write_checkpoint,
 )
 from trit.configs import W4A8Config
-from trit.errors import ConvertError
 from trit.quant.rotate import rotated_config
 from trit.rotation import choose_rotation, rotation_maps, tied_head_bytes
 
@@ -75,14 +74,14 @@ def quantize_w4a8(
     log: Callable[[str], None] = print,
 ) -> W4A8Report:
     """Quantize ``model_dir`` to W4A8 at ``out_dir``; see the module docstring."""
-    from trit.calibrate import gptq_model
+    from trit.calibrate import calibration_text, gptq_model
 
     opts = config or W4A8Config()
     src, out = Path(model_dir), Path(out_dir)
     ckpt = open_float_source(src, out, overwrite)
-    if opts.passes < 1:
-        raise ConvertError(f"--passes {opts.passes}: GPTQ needs at least one rounding pass")
     check_float_source(ckpt)
+    if opts.calib.file is not None:
+        calibration_text(opts.calib.file)  # readable text, before anything heavy
     shapes = {name.removesuffix(".weight"): tuple(info.shape) for name, info in ckpt.tensors.items()
               if name.endswith(".weight") and is_decoder_linear(name.removesuffix(".weight"))}
     compressed.check_group_size(shapes, opts.group_size, opts.tensor_parallel_size)

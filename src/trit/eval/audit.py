@@ -20,7 +20,7 @@ import torch
 from torch import nn
 
 from trit import format as fmt
-from trit.arch import check_architecture, is_decoder_linear, meta_model
+from trit.arch import check_architecture, is_decoder_linear, load_tokenizer, meta_model
 from trit.checkpoint import CONFIG_FILE, Checkpoint, CheckpointError, open_checkpoint
 
 
@@ -90,6 +90,7 @@ def audit(path: str | Path, values: bool = True) -> AuditReport:
     except (fmt.FormatError, CheckpointError) as e:
         head.failures.append(str(e))
         return report
+    _guard(report.check("tokenizer, vocabulary fits the embedding"), load_tokenizer, ckpt)
     model = meta_model(ckpt)
     linears = {n: m for n, m in model.named_modules() if isinstance(m, nn.Linear)}
     ternary = fmt.layer_names(ckpt.tensors)

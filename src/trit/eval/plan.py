@@ -63,6 +63,12 @@ class PlanOptions:
     # lm_head of its own, beside the embeddings
     rotate: bool = True
 
+    def __post_init__(self) -> None:
+        for flag, value in (("--gpu-mem", self.gpu_mem), ("--max-seq-len", self.max_seq_len), ("--batch", self.batch),
+                            ("--max-batched-tokens", self.max_batched_tokens)):
+            if not isinstance(value, int) or value < 1:
+                raise PlanError(flag, f"expected a positive number, found {value!r}")
+
 
 @dataclass
 class Plan:

