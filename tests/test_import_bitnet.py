@@ -133,10 +133,19 @@ def test_a_zero_scale_fails(tmp_path: Path, capsys: pytest.CaptureFixture) -> No
     _fails_leaving_nothing(src, tmp_path / "out", capsys, "down_proj.weight_scale: expected a finite positive scale")
 
 
-def test_not_a_bitnet_checkpoint_is_refused(tiny_llama: Path, tmp_path: Path, capsys: pytest.CaptureFixture) -> None:
-    _fails_leaving_nothing(
-        tiny_llama, tmp_path / "out", capsys, "expected quantization_config.quant_method 'bitnet', found none"
-    )
+def test_a_float_checkpoint_that_is_not_ternary_is_refused(tiny_llama: Path, tmp_path: Path,
+                                                           capsys: pytest.CaptureFixture) -> None:
+    """With no quantization_config, ``trit import`` reads a float checkpoint as TriLM's (tests/test_import_trilm.py)
+    and points a model that is not ternary at ``trit quantize``."""
+    _fails_leaving_nothing(tiny_llama, tmp_path / "out", capsys, "quantize it with trit quantize instead")
+
+
+def test_another_quantization_method_is_refused(tiny_llama: Path, tmp_path: Path,
+                                                capsys: pytest.CaptureFixture) -> None:
+    cfg = json.loads((tiny_llama / "config.json").read_text())
+    (tiny_llama / "config.json").write_text(json.dumps({**cfg, "quantization_config": {"quant_method": "gptq"}}))
+    _fails_leaving_nothing(tiny_llama, tmp_path / "out", capsys,
+                           "expected quantization_config.quant_method 'bitnet', found 'gptq'")
 
 
 def test_quantize_points_a_bitnet_checkpoint_to_import(tmp_path: Path, capsys: pytest.CaptureFixture) -> None:

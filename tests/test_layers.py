@@ -18,8 +18,8 @@ SRC = Path(__file__).resolve().parents[1] / "src"
 LAYERS: list[list[str]] = [
     ["trit.errors", "trit.cache"],
     ["trit.format", "trit.corpora", "trit.compressed"],
-    ["trit.checkpoint"],
-    ["trit.arch", "trit.smollm2"],
+    ["trit.checkpoint", "trit.ggml"],  # trit's files; GGUF's ternary blocks
+    ["trit.arch", "trit.smollm2", "trit.gguf_file"],
     ["trit.quant", "trit.kernels.reference", "trit.kernels.cpu", "trit.kernels.cpu_native", "trit.kernels.tuning"],
     ["trit.rotation", "trit.configs"],  # the rotation's checkpoint glue; the typed configs of every scheme
     ["trit.kernels.triton"],
@@ -30,7 +30,7 @@ LAYERS: list[list[str]] = [
     ["trit.nn", "trit.vllm"],
     ["trit.runtime", "trit.synthetic", "trit.calibrate", "trit.hf"],
     ["trit.convert", "trit.w4a8"],
-    ["trit.import_bitnet", "trit.heal", "trit.api"],
+    ["trit.import_bitnet", "trit.import_gguf", "trit.import_trilm", "trit.export_gguf", "trit.heal", "trit.api"],
     ["trit.eval"],
     ["trit.bench"],
     ["trit.demo"],

@@ -25,7 +25,7 @@ import os
 import re
 import shutil
 import struct
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterable, Iterator
 from contextlib import ExitStack, contextmanager
 from dataclasses import dataclass
 from pathlib import Path
@@ -367,6 +367,41 @@ def _write_shards(ckpt: Checkpoint, folder: Path, transform: TensorFn, progress:
             weight_map.update(dict.fromkeys(out, out_name))
             del out
     if n_shards > 1:
+        index = {"metadata": {}, "weight_map": dict(sorted(weight_map.items()))}
+        (folder / INDEX_FILE).write_text(json.dumps(index, indent=2) + "\n")
+
+
+SHARD_BYTES = 4 * 2**30  # a shard of write_tensors closes at this size
+
+
+def write_tensors(folder: Path, tensors: Iterable[tuple[str, torch.Tensor]], shard_bytes: int = SHARD_BYTES) -> None:
+    """Tensors, as they come, into ``folder`` as safetensors shards of about ``shard_bytes`` (one
+    ``model.safetensors``, or numbered shards and their index): one shard in memory at a time."""
+    from safetensors.torch import save_file
+
+    shards: list[list[str]] = []
+    pending: dict[str, torch.Tensor] = {}
+    size = 0
+
+    def flush() -> None:
+        nonlocal pending, size
+        if pending:
+            save_file(pending, str(folder / f".shard-{len(shards)}"), metadata={"format": "pt"})
+            shards.append(list(pending))
+            pending, size = {}, 0
+
+    for name, tensor in tensors:
+        if size and size + tensor.numel() * tensor.element_size() > shard_bytes:
+            flush()
+        pending[name] = tensor.contiguous()
+        size += tensor.numel() * tensor.element_size()
+    flush()
+    names = [SINGLE_FILE] if len(shards) == 1 else [f"model-{i + 1:05d}-of-{len(shards):05d}.safetensors"
+                                                     for i in range(len(shards))]
+    for i, name in enumerate(names):
+        (folder / f".shard-{i}").rename(folder / name)
+    if len(shards) > 1:
+        weight_map = {t: name for name, held in zip(names, shards) for t in held}
         index = {"metadata": {}, "weight_map": dict(sorted(weight_map.items()))}
         (folder / INDEX_FILE).write_text(json.dumps(index, indent=2) + "\n")
 

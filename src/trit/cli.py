@@ -120,10 +120,20 @@ def _int_flag(text: str, flag: str) -> int:
         raise OptionError(f"{flag} {text!r}: expected an integer") from None
 
 
-def import_checkpoint(model_dir: Path, out_dir: Path, overwrite: bool, quiet: bool = False) -> int:
-    from trit.import_bitnet import import_bitnet
+def import_checkpoint(src: Path, out_dir: Path, overwrite: bool, quiet: bool = False) -> int:
+    """One importer per source: a GGUF file, a BitNet checkpoint, or a float checkpoint already ternary."""
+    from trit.checkpoint import CheckpointError, read_config
 
-    report = import_bitnet(model_dir, out_dir, overwrite=overwrite, progress=not quiet)
+    if src.is_file():
+        with open(src, "rb") as f:
+            if f.read(4) != b"GGUF":
+                raise CheckpointError(src, "expected a GGUF file (magic 'GGUF') or a checkpoint folder")
+        from trit.import_gguf import import_gguf as run
+    elif src.is_dir() and (src / "config.json").is_file() and read_config(src).get("quantization_config") is None:
+        from trit.import_trilm import import_trilm as run
+    else:
+        from trit.import_bitnet import import_bitnet as run
+    report = run(src, out_dir, overwrite=overwrite, progress=not quiet)
     print(report.summary())
     return 0
 
@@ -420,13 +430,31 @@ def parser() -> argparse.ArgumentParser:
     sub = p.add_subparsers(dest="command", required=True, metavar="COMMAND")
     _quantize_parser(sub)
 
-    i = _command(sub, "import", "import a natively ternary checkpoint (transformers' BitNet format)",
-                 "Repacks BitNet's codes along K, carries its scale, records int8 per-token activations.",
-                 "trit import ./bitnet-b1.58-2B-4T ./bitnet-trit")
-    i.add_argument("model_dir", type=Path)
+    i = _command(sub, "import", "import a natively ternary model: GGUF, BitNet or ternary float checkpoint",
+                 "Exact: the source's codes and scales, never rounded again. SOURCE is a GGUF file (TQ1_0, TQ2_0,\n"
+                 "Q2_0, PQ2_0, PTQ1_0, I2_S; llama, qwen2, qwen3, bitnet), a transformers BitNet checkpoint\n"
+                 "(quant_method 'bitnet'), or a float checkpoint whose linear weights are {0, +-s} (TriLM).",
+                 "trit import ./Ternary-Bonsai-8B-Q2_0.gguf ./bonsai-trit\n"
+                 "  trit import ./bitnet-b1.58-2B-4T ./bitnet-trit")
+    i.add_argument("model_dir", type=Path, metavar="SOURCE")
     i.add_argument("out_dir", type=Path)
     i.add_argument("--overwrite", action="store_true", help="replace a non-empty OUT_DIR")
     i.add_argument("--quiet", action="store_true", help="no progress bar")
+
+    e = _command(sub, "export", "export a trit checkpoint to GGUF for llama.cpp, ollama and LM Studio",
+                 "Exact where the groups allow: q2_0 from groups of 64 (or one scale a row), tq2_0 and tq1_0\n"
+                 "from groups of 256; otherwise refused naming the layer, unless --requantize.",
+                 "trit export ./smollm2-trit ./smollm2-trit.gguf --type q2_0")
+    e.add_argument("ckpt", type=Path)
+    e.add_argument("out_file", type=Path, metavar="OUT.gguf")
+    e.add_argument("--type", dest="qtype", choices=["q2_0", "tq2_0", "tq1_0"], default="q2_0",
+                   help="ternary tensor type (default: q2_0, 2.25 bits; tq2_0 2.06; tq1_0 1.69)")
+    e.add_argument("--embeddings", choices=["f16", "q8_0"], default="f16", help="embeddings and output layer")
+    e.add_argument("--requantize", action="store_true",
+                   help="round layers whose groups do not fit the type's blocks again (the summary prints the cost)")
+    e.add_argument("--tokenizer-from", type=Path, default=None, metavar="FILE.gguf",
+                   help="copy the tokenizer keys from this GGUF (default: build them from tokenizer.json)")
+    e.add_argument("--overwrite", action="store_true", help="replace an existing OUT.gguf")
 
     _heal_parser(sub)
 
@@ -514,6 +542,12 @@ def _dispatch(args: argparse.Namespace) -> int:
         return quantize(args)
     if args.command == "import":
         return import_checkpoint(args.model_dir, args.out_dir, args.overwrite, args.quiet)
+    if args.command == "export":
+        from trit.export_gguf import export_gguf
+
+        print(export_gguf(args.ckpt, args.out_file, args.qtype, args.embeddings, args.requantize,
+                          args.tokenizer_from, args.overwrite).summary())
+        return 0
     if args.command == "heal":
         from trit.heal import heal
 
