@@ -799,6 +799,25 @@ def cpu_models() -> str:
     return "\n".join([*_cpu_models(d), "", f"{d['device']}; `{d['command']}` (`benchmarks/results/cpu.json`)."])
 
 
+LLAMA_CPP_RUN = "cpu_llama_cpp.json"
+
+
+def llama_cpp_gguf() -> str:
+    """docs/gguf.md: llama.cpp on trit's exported GGUF files against its Q4_1, per model, in one ``trit bench cpu``."""
+    d = json.loads((RESULTS / LLAMA_CPP_RUN).read_text())
+    rows = [m for m in d["models"] if str(m.get("engine", "")).startswith("llama.cpp") and "error" not in m]
+    q4 = {m["model"]: m for m in rows if m["weights"].startswith("Q4_1")}
+    out = ["| model | llama.cpp weights | decode tok/s (batch 1) | x Q4_1 | prefill tok/s | peak RSS MiB |",
+           "|---|---|---|---|---|---|"]
+    for m in rows:
+        base = q4.get(m["model"])
+        ratio = f"x{m['decode_tok_s_b1'] / base['decode_tok_s_b1']:.2f}" if base else "-"
+        out.append(f"| {m['model']} | {m['weights']} | {m['decode_tok_s_b1']:.1f} | {ratio} | "
+                   f"{m['prefill_tok_s']:.0f} | {m['peak_rss_mib']:.0f} |")
+    return "\n".join([*out, "", f"{d['device']}, {d['threads']} threads, {rows[0]['engine']}; `{d['command']}` "
+                       f"(`benchmarks/results/{LLAMA_CPP_RUN}`)."])
+
+
 def domains() -> str:
     """``benchmarks/quality_domains.py``: a table per run (``quality_domains_*.json``), each against its own bf16."""
     return "\n\n".join(_domains_run(f) for f in sorted(RESULTS.glob("quality_domains_*.json"), reverse=True))
@@ -1060,7 +1079,8 @@ TABLES = {"kernels": kernels, "kernels-h100": lambda: kernels("kernels_h100_m512
           "serve-sweep": lambda: serve(SWEEP_SERVE), "mma": mma, "speedups": speedups, "serving": serving, "serve": serve,
           "serve-fresh": lambda: serve(FRESH), "serve-profile": serve_profile, "serve-head": serve_head, "repack": repack, "host-path": host_path, "lm-head": lm_head, "lm-head-speed": lm_head_speed, "layout-scales": layout_scales, "serve-budget": serve_budget, "serve-h100": serve_h100, "plan-vllm": plan_vllm, "cpu": cpu, "cpu-models": cpu_models, "domains": domains, "domains-headline": domains_headline,
           "vllm": vllm, "a8": a8, "ptq": ptq, "quality": quality, "decode": decode, "decode-plots": decode_plots,
-          "serve-plot": serve_plot, "readme-quality": readme_quality, "readme-speed": readme_speed}
+          "serve-plot": serve_plot, "readme-quality": readme_quality, "readme-speed": readme_speed,
+          "llama-cpp-gguf": llama_cpp_gguf}
 _BLOCK = re.compile(r"(<!-- table:([\w-]+) -->\n)(.*?)(<!-- /table:\2 -->)", re.S)
 
 

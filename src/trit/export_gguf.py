@@ -13,7 +13,8 @@ Embeddings and the output layer are written as ``--embeddings f16`` (the default
 layer kept in high precision as F16. The tokenizer goes in as llama.cpp's ``tokenizer.ggml.*`` keys: copied from
 a GGUF (``--tokenizer-from``: exact, what a model converted from a GGUF should carry), or built from the
 checkpoint's tokenizer.json (byte-level BPE as llama.cpp's gpt2 vocabulary, a word-level one as its SentencePiece
-vocabulary; a SentencePiece-style BPE is refused: its GGUF's tokenizer is what ``--tokenizer-from`` is for).
+vocabulary, which has no byte tokens, so llama.cpp can tokenize only text spelled in it (trit's synthetic models);
+a SentencePiece-style BPE is refused: its GGUF's tokenizer is what ``--tokenizer-from`` is for).
 Architectures llama, qwen2 and qwen3, one trit-plane. The file is written beside ``OUT.gguf`` and moved into
 place when complete.
 """

