@@ -83,7 +83,7 @@ def make_checkpoint(
     tokenizer = char_tokenizer()
     config = AutoConfig.for_model(
         model_type, hidden_size=hidden, intermediate_size=intermediate, num_hidden_layers=layers,
-        num_attention_heads=heads, num_key_value_heads=kv_heads, vocab_size=len(tokenizer),
+        num_attention_heads=heads, num_key_value_heads=kv_heads, vocab_size=_loaded_vocab(folder, model_type),
         max_position_embeddings=1024, tie_word_embeddings=tie, bos_token_id=1, eos_token_id=2,
         head_dim=hidden // heads,
     )
@@ -97,6 +97,19 @@ def make_checkpoint(
     model.save_pretrained(folder, **kw)
     tokenizer.save_pretrained(folder)
     return folder
+
+
+def _loaded_vocab(folder: Path, model_type: str) -> int:
+    """How many ids :func:`char_tokenizer` has once loaded beside a ``model_type`` config: some families'
+    tokenizer classes add their own special tokens (Qwen2's ``<|endoftext|>``), and the embedding must hold them."""
+    import json
+
+    from transformers import AutoTokenizer
+
+    folder.mkdir(parents=True, exist_ok=True)
+    char_tokenizer().save_pretrained(folder)
+    (folder / "config.json").write_text(json.dumps({"model_type": model_type}))
+    return len(AutoTokenizer.from_pretrained(folder))
 
 
 def make_bitnet_checkpoint(

@@ -28,3 +28,14 @@ def test_cpu_kernel_matches_reference(n: int, k: int, group: int, m: int) -> Non
     bias = torch.randn(n)
     torch.testing.assert_close(cpu.linear(x, packed, scale, group, bias), reference.linear(x, packed, scale, group, bias),
                                rtol=1e-5, atol=1e-5)
+
+
+def test_a_row_split_over_ranks_rounds_as_the_whole_row_with_the_shared_max() -> None:
+    """Tensor parallelism's row-parallel layers: each rank rounds its part of a row by the max |x| of the whole
+    row (all-reduced), and the parts put together are the whole row rounded."""
+    x = torch.randn(5, 96) * torch.linspace(0.1, 3, 96)
+    parts = x.split(48, dim=-1)
+    amax = torch.stack([p.abs().amax(-1, keepdim=True) for p in parts]).amax(0)
+    got = torch.cat([reference.fake_quantize_activations_int8(p, amax) for p in parts], dim=-1)
+    assert torch.equal(got, reference.fake_quantize_activations_int8(x))
+    assert not torch.equal(torch.cat([reference.fake_quantize_activations_int8(p) for p in parts], -1), got)

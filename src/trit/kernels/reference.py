@@ -34,20 +34,22 @@ def linear(
 INT8_MAX = 127
 
 
-def quantize_activations_int8(x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+def quantize_activations_int8(x: torch.Tensor, amax: torch.Tensor | None = None) -> tuple[torch.Tensor, torch.Tensor]:
     """Per-token symmetric int8: ``x ~ x_q / s`` with ``s = 127 / max|x|`` over the last dimension.
 
     Returns ``x_q`` (..., K) int8 in [-128, 127] and ``s`` (..., 1) float32; a zero row gets
-    ``max|x|`` floored at 1e-5, as in BitNet b1.58 (Ma et al. 2024, eq. 4-5).
+    ``max|x|`` floored at 1e-5, as in BitNet b1.58 (Ma et al. 2024, eq. 4-5). ``amax`` (..., 1), where given, is
+    the row's ``max|x|`` (a row whose K is split over tensor-parallel ranks: the max over all of them).
     """
     xf = x.float()
-    s = INT8_MAX / xf.abs().amax(dim=-1, keepdim=True).clamp(min=1e-5)
+    amax = xf.abs().amax(dim=-1, keepdim=True) if amax is None else amax.float()
+    s = INT8_MAX / amax.clamp(min=1e-5)
     return (xf * s).round().clamp(-INT8_MAX - 1, INT8_MAX).to(torch.int8), s
 
 
-def fake_quantize_activations_int8(x: torch.Tensor) -> torch.Tensor:
+def fake_quantize_activations_int8(x: torch.Tensor, amax: torch.Tensor | None = None) -> torch.Tensor:
     """``x_q / s`` in ``x.dtype``: what a kernel without an int8 path multiplies by instead of ``x``."""
-    x_q, s = quantize_activations_int8(x)
+    x_q, s = quantize_activations_int8(x, amax)
     return (x_q.float() / s).to(x.dtype)
 
 

@@ -11,15 +11,22 @@ paged attention, the fused norms, weight loading, CUDA graphs):
 
 Its linear layers are ternary through trit's quantization config (an imported
 checkpoint records int8 per-token activations, which trit's linear method
-applies). The sub-norms see a whole row of the attention output and of the MLP
-inner width, so tensor parallelism is refused rather than silently wrong.
+applies). Under tensor parallelism the sub-norms' inputs are split over the
+ranks (by heads before ``o_proj``, by the MLP's inner width before
+``down_proj``): each rank holds its slice of the norm's weight and the mean of
+squares is the all-reduced sum over the whole row, so the norm is the
+single-rank one exactly (up to summation order).
 """
 
 from __future__ import annotations
 
 import torch
 from torch import nn
-from vllm.distributed import get_tensor_model_parallel_world_size
+from vllm.distributed import (
+    get_tensor_model_parallel_rank,
+    get_tensor_model_parallel_world_size,
+    tensor_model_parallel_all_reduce,
+)
 from vllm.model_executor.layers.layernorm import RMSNorm
 from vllm.model_executor.layers.linear import MergedColumnParallelLinear, RowParallelLinear
 from vllm.model_executor.models.llama import LlamaAttention, LlamaDecoderLayer, LlamaForCausalLM
@@ -27,10 +34,35 @@ from vllm.model_executor.models.llama import LlamaAttention, LlamaDecoderLayer, 
 ARCHITECTURE = "BitNetForCausalLM"
 
 
+class SplitRMSNorm(nn.Module):
+    """RMSNorm over a dimension of ``size`` split evenly over the tensor-parallel ranks: this rank's slice of the
+    weight, the sum of squares all-reduced; computed in float32 as transformers' BitNet norm."""
+
+    def __init__(self, size: int, eps: float) -> None:
+        super().__init__()
+        ranks = get_tensor_model_parallel_world_size()
+        self.size, self.eps, self.part = size, eps, size // ranks
+        self.weight = nn.Parameter(torch.ones(self.part))
+        self.weight.weight_loader = self._load  # vLLM's loaders call a parameter's own, if it has one
+
+    def _load(self, param: nn.Parameter, loaded: torch.Tensor) -> None:
+        param.data.copy_(loaded.narrow(0, get_tensor_model_parallel_rank() * self.part, self.part))
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        xf = x.float()
+        squares = tensor_model_parallel_all_reduce(xf.pow(2).sum(-1, keepdim=True))
+        return self.weight * (xf * torch.rsqrt(squares / self.size + self.eps)).to(x.dtype)
+
+
+def sub_norm(size: int, eps: float) -> nn.Module:
+    """vLLM's RMSNorm on one rank; the split norm above on several."""
+    return SplitRMSNorm(size, eps) if get_tensor_model_parallel_world_size() > 1 else RMSNorm(size, eps=eps)
+
+
 class BitNetAttention(LlamaAttention):
     def __init__(self, config, hidden_size: int, **kwargs) -> None:
         super().__init__(config=config, hidden_size=hidden_size, **kwargs)
-        self.attn_sub_norm = RMSNorm(config.hidden_size, eps=config.rms_norm_eps)
+        self.attn_sub_norm = sub_norm(config.hidden_size, config.rms_norm_eps)
 
     def forward(self, positions: torch.Tensor, hidden_states: torch.Tensor) -> torch.Tensor:
         qkv, _ = self.qkv_proj(hidden_states)
@@ -54,7 +86,7 @@ class BitNetMLP(nn.Module):
             config.intermediate_size, config.hidden_size, bias=False, quant_config=quant_config,
             prefix=f"{prefix}.down_proj",
         )
-        self.ffn_sub_norm = RMSNorm(config.intermediate_size, eps=config.rms_norm_eps)
+        self.ffn_sub_norm = sub_norm(config.intermediate_size, config.rms_norm_eps)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         gate_up, _ = self.gate_up_proj(x)
@@ -69,10 +101,6 @@ class BitNetDecoderLayer(LlamaDecoderLayer):
     def __init__(self, vllm_config, prefix: str = "", config=None) -> None:
         nn.Module.__init__(self)
         config = config or vllm_config.model_config.hf_config
-        if get_tensor_model_parallel_world_size() > 1:
-            raise ValueError(
-                f"{prefix}: BitNet's sub-norms normalise whole rows; trit runs it at tensor parallel size 1 only"
-            )
         quant_config = self.get_quant_config(vllm_config)
         self.hidden_size = config.hidden_size
         self.self_attn = BitNetAttention(

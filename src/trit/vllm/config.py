@@ -215,8 +215,12 @@ class TritLinearMethod(LinearMethodBase):
                     weight_loader=loader)
             layer.register_parameter(packed_name, packed)
             layer.register_parameter(scale_name, scale)
+        act_int8 = self.trit.activation is fmt.ActivationQuant.INT8_PER_TOKEN
+        # a row whose K is split over ranks is rounded by the whole row's max |x| (every rank's), here, before
+        # the kernel: the kernel's own int8 rounding would take its rank's part only
+        layer.trit_a8_across_ranks = act_int8 and input_size_per_partition != input_size
         layer.trit_spec = linear.LinearSpec(n, input_size_per_partition, group, self.trit.planes,
-                                            self.trit.activation is fmt.ActivationQuant.INT8_PER_TOKEN)
+                                            act_int8 and not layer.trit_a8_across_ranks)
         layer.trit_dtype = params_dtype
 
     def process_weights_after_loading(self, layer: torch.nn.Module) -> None:
@@ -243,7 +247,22 @@ class TritLinearMethod(LinearMethodBase):
             layer.trit_kernel.warm_up(layer, layer.trit_dtype)
 
     def apply(self, layer: torch.nn.Module, x: torch.Tensor, bias: torch.Tensor | None = None) -> torch.Tensor:
+        if layer.trit_a8_across_ranks:
+            x = fake_quantize_across_ranks(x)
         return layer.trit_kernel.apply(layer, x, bias)
+
+
+def fake_quantize_across_ranks(x: torch.Tensor) -> torch.Tensor:
+    """BitNet's per-token int8 rounding of a row split over the tensor-parallel ranks: each token's ``max |x|``
+    all-reduced (max) over the ranks, then ``x_q / s`` in ``x.dtype``."""
+    import torch.distributed as dist
+    from vllm.distributed import get_tp_group
+
+    from trit.kernels.reference import fake_quantize_activations_int8
+
+    amax = x.abs().amax(dim=-1, keepdim=True).float()
+    dist.all_reduce(amax, op=dist.ReduceOp.MAX, group=get_tp_group().device_group)
+    return fake_quantize_activations_int8(x, amax)
 
 
 def unsupported_head_dim(hf_config: Any) -> str | None:
