@@ -354,11 +354,13 @@ def shard_k_pad(prefix: str, k: int, k_part: int, group: int) -> int:
             prefix, f"an input size that needs no padding to be split {parts} ways (tensor parallel)",
             f"K={k} padded to {k_pad}; convert with --pad keep, or use tensor parallel size 1",
         )
-    if k_part % fmt.CODES_PER_BYTE:
-        raise fmt.FormatError(prefix, f"a K shard of whole bytes (4 codes) at tensor parallel {parts}", f"K shard {k_part}")
-    if group != fmt.PER_ROW and k_part % group:
-        raise fmt.FormatError(
-            prefix, f"a K shard of whole groups of {group} at tensor parallel {parts}", f"K shard {k_part}")
+    unit = fmt.CODES_PER_BYTE if group == fmt.PER_ROW else group
+    if k_part % fmt.CODES_PER_BYTE or k_part % unit:
+        fits = [t for t in (1, 2, 4, 8) if k % t == 0 and (k // t) % unit == 0 and (k // t) % fmt.CODES_PER_BYTE == 0]
+        what = "whole bytes (4 codes)" if k_part % fmt.CODES_PER_BYTE else f"whole groups of {group}"
+        raise fmt.FormatError(prefix, f"a K shard of {what} at tensor parallel {parts}",
+                              f"K shard {k_part} of {k}; tensor parallel sizes that split it: "
+                              f"{', '.join(map(str, fits))}")
     return k_part
 
 
