@@ -4,6 +4,8 @@
         [--variants bf16,absmean,gptq,gptq-2planes,w4a8-g64,w4a8-channel] [--device cpu] [--work DIR] \
         [--gsm8k-limit N [--gsm8k-variants bf16,gptq]] [--heal-sample-batch N] [--heal-no-grad-checkpointing]
 
+A variant named ``BASE-a8`` (``A8``) scores BASE's checkpoint with int8 activations per token (W1.58A8).
+
 Each variant is made the way a user makes it (the equivalent ``trit quantize``
 command is in its row), with data-free calibration unless the variant names
 a text; each is scored with ``trit eval --ppl wikitext2,gsm8k,python``'s code
@@ -61,7 +63,16 @@ VARIANTS = {
     "w4a8-g64-no-rotate": ["--scheme", "w4a8", "--group-size", "64", "--no-rotate"],
     "w4a8-channel": ["--scheme", "w4a8", "--group-size", "channel"],
     "w4a8-g64-rotate": ["--scheme", "w4a8", "--group-size", "64", "--rotate"],  # as w4a8-g64 (see gptq-rotate)
+    # trit demo's CPU recipes: 16 WikiText-2 windows, one pass
+    "gptq-demo": ["--method", "gptq", "--calib", "wikitext2", "--calib-samples", "16", "--passes", "1"],
+    "gptq-2planes-demo": ["--method", "gptq", "--planes", "2", "--calib", "wikitext2", "--calib-samples", "16",
+                          "--passes", "1"],
 }
+
+# name: the variant whose checkpoint it scores with int8 activations per token (W1.58A8): `--activations int8`
+# only records that in the config, so the weights are the base's, loaded with the override
+A8 = {"gptq-a8": "gptq", "gptq-2planes-a8": "gptq-2planes", "gptq-demo-a8": "gptq-demo",
+      "gptq-2planes-demo-a8": "gptq-2planes-demo"}
 
 # name: (the one-plane variant it starts from, its trit heal flags), healed with trit heal's defaults otherwise
 # (data-free: every training sequence sampled from the float model); --heal-sample-batch and
@@ -161,12 +172,13 @@ def main() -> int:
         return path, time.perf_counter() - t
 
     for name in args.variants.split(","):
-        base, heal_flags = HEALED.get(name, (name, None))
+        base, heal_flags = HEALED.get(name, (A8.get(name, name), None))
         flags = VARIANTS[base]
         path, seconds = float_dir, 0.0
         if flags is not None:
             path, seconds = make(base, flags)
-        command = None if flags is None else " ".join(["trit quantize MODEL OUT", *flags])
+        command = None if flags is None else " ".join(["trit quantize MODEL OUT", *flags,
+                                                        *(["--activations", "int8"] if name in A8 else [])])
         heal_report = None
         if heal_flags is not None:
             from trit.cli import heal_config, parser
@@ -185,7 +197,8 @@ def main() -> int:
             path, heal_seconds = healed, time.perf_counter() - t
             command = " ".join(["trit quantize MODEL BASE", *flags, "&& trit heal BASE OUT --teacher MODEL",
                                 *heal_flags])
-        loaded = runtime.load(path, device=args.device, dtype=torch.float32)
+        loaded = runtime.load(path, device=args.device, dtype=torch.float32,
+                              activations="int8_per_token" if name in A8 else None)
         windows = {c: tokenize_text(loaded, texts[c]) for c in CORPORA}
         calibrated = "--scheme" in flags or ("--method" in flags and flags[flags.index("--method") + 1] == "gptq") \
             if flags is not None else False

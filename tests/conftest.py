@@ -142,6 +142,19 @@ def trit_mlp(k: int, n: int, group: int, dtype: torch.dtype, device: str = "cpu"
     return torch.nn.Sequential(layers[0], torch.nn.SiLU(), layers[1])
 
 
+def exact_logits(ckpt: Path, ids: torch.Tensor) -> torch.Tensor:
+    """The runtime's float32 logits on the CPU's exact path: the native kernel, which rounds activations to int16,
+    is off (it has tests of its own)."""
+    from trit import runtime
+    from trit.kernels import registry
+
+    registry.disable("cpu_native")
+    try:
+        return runtime.load(ckpt, device="cpu", dtype=torch.float32).model(ids).logits
+    finally:
+        registry.disable()
+
+
 def has_cuda() -> bool:
     return torch.cuda.is_available()
 

@@ -27,24 +27,13 @@ def write_gguf(hf_dir: Path, out: Path, arch: str, ternary: Ternary, extra: dict
     from safetensors.torch import load_file
 
     from trit.checkpoint import read_config
-    from trit.export_gguf import _tokenizer
+    from trit.export_gguf import _tokenizer, add_model_keys
 
     config = read_config(hf_dir)
     state = load_file(str(hf_dir / "model.safetensors"))
     heads, kv = config["num_attention_heads"], config["num_key_value_heads"]
-    head_dim = config.get("head_dim") or config["hidden_size"] // heads
     w = gguf.GGUFWriter(str(out), arch)
-    w.add_context_length(config["max_position_embeddings"])
-    w.add_embedding_length(config["hidden_size"])
-    w.add_block_count(config["num_hidden_layers"])
-    w.add_feed_forward_length(config["intermediate_size"])
-    w.add_head_count(heads)
-    w.add_head_count_kv(kv)
-    w.add_layer_norm_rms_eps(config.get("rms_norm_eps", 1e-6))
-    w.add_rope_freq_base(config.get("rope_theta", 10000.0))
-    w.add_rope_dimension_count(head_dim)
-    w.add_key_length(head_dim)
-    w.add_value_length(head_dim)
+    add_model_keys(w, config)
     for key, value in (extra or {}).items():
         w.add_key_value(key, value, gguf.GGUFValueType.STRING if isinstance(value, str) else gguf.GGUFValueType.UINT32)
     if with_tokenizer:

@@ -190,24 +190,12 @@ def export_gguf(ckpt_dir: str | Path, out_file: str | Path, qtype: str = "q2_0",
     target = TYPES[qtype]
     start = time.perf_counter()
     report = ExportReport(out, qtype)
-    hidden, heads = config["hidden_size"], config["num_attention_heads"]
+    heads = config["num_attention_heads"]
     kv_heads = config.get("num_key_value_heads") or heads
-    head_dim = config.get("head_dim") or hidden // heads
     tmp = out.with_name(f".{out.name}.partial-{os.getpid()}")
     writer = gguf.GGUFWriter(str(tmp), model_type)
     try:
-        writer.add_context_length(config.get("max_position_embeddings", 4096))
-        writer.add_embedding_length(hidden)
-        writer.add_block_count(config["num_hidden_layers"])
-        writer.add_feed_forward_length(config["intermediate_size"])
-        writer.add_head_count(heads)
-        writer.add_head_count_kv(kv_heads)
-        writer.add_layer_norm_rms_eps(config.get("rms_norm_eps", 1e-6))
-        writer.add_rope_freq_base(config.get("rope_theta", 10000.0))
-        writer.add_rope_dimension_count(head_dim)
-        if head_dim != hidden // heads:
-            writer.add_key_length(head_dim)
-            writer.add_value_length(head_dim)
+        add_model_keys(writer, config)
         writer.add_vocab_size(config["vocab_size"])
         writer.add_file_type(FILE_TYPES[qtype])
         _tokenizer(writer, ckpt.path, config, Path(tokenizer_from) if tokenizer_from else None, log)
@@ -257,6 +245,24 @@ def export_gguf(ckpt_dir: str | Path, out_file: str | Path, qtype: str = "q2_0",
         raise
     report.seconds = time.perf_counter() - start
     return report
+
+
+def add_model_keys(writer, config: dict) -> None:
+    """The architecture's shape keys of a GGUF file (``{arch}.block_count`` ...) from a config.json."""
+    hidden, heads = config["hidden_size"], config["num_attention_heads"]
+    head_dim = config.get("head_dim") or hidden // heads
+    writer.add_context_length(config.get("max_position_embeddings", 4096))
+    writer.add_embedding_length(hidden)
+    writer.add_block_count(config["num_hidden_layers"])
+    writer.add_feed_forward_length(config["intermediate_size"])
+    writer.add_head_count(heads)
+    writer.add_head_count_kv(config.get("num_key_value_heads") or heads)
+    writer.add_layer_norm_rms_eps(config.get("rms_norm_eps", 1e-6))
+    writer.add_rope_freq_base(config.get("rope_theta", 10000.0))
+    writer.add_rope_dimension_count(head_dim)
+    if head_dim != hidden // heads:
+        writer.add_key_length(head_dim)
+        writer.add_value_length(head_dim)
 
 
 def _in_features(config: dict, module: str) -> int:
