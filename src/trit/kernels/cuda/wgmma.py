@@ -22,8 +22,7 @@ from trit.kernels.cuda import mma
 SOURCE_FILE = Path(__file__).with_name("wgmma.cu")
 TOKENS = (16, 32, 64, 128, 256)  # the wgmma widths a block can take (N of m64nNk16)
 MIN_M, MAX_M = 64, 256  # without a tuned choice, it takes these M on sm_90 (the tuned tables say where else)
-# `trit bench kernels` times it from TUNE_MIN_M to TUNE_MAX_M rows: tuned, it beat dequantize + cuBLAS at 512 rows on
-# an H100 and lost at 2048 (benchmarks/results/experiments/wgmma_ws_m512-2048_h100.json)
+# `trit bench kernels` times it from TUNE_MIN_M to TUNE_MAX_M rows (docs/kernels.md, "Where the defaults come from")
 TUNE_MIN_M, TUNE_MAX_M = 16, 512
 SMEM_LIMIT = 220 * 1024  # dynamic shared memory a config may take (sm_90 opts in to 227 KiB a block)
 SM_SMEM = 228 * 1024  # shared memory of an SM (sm_90), of which each resident block also takes 1 KiB

@@ -29,8 +29,7 @@ class DequantConfig:
     k_fastest: bool  # consecutive programs walk along K (one row block's output), not down the rows
 
 
-# the fastest config on six of the eight layer shapes swept on an H200, within 10% on the other two
-# (sweep_dequant_h200.json, in the git history of benchmarks/results/): few rows, long runs of K, consecutive programs along K
+# without tuning: few rows, long runs of K, consecutive programs along K
 DEFAULT = DequantConfig(block_n=4, block_kw=64, num_warps=4, k_fastest=True)
 # the sweep space: rows a program, words a row, warps, grid order
 CONFIGS = tuple(

@@ -94,7 +94,6 @@ CONFIGS = tuple(
         # narrow steps over many rows: each step's activations are shared by more rows (see default_config)
         (64, 32, 1, 4), (64, 32, 2, 4), (64, 32, 4, 4), (128, 32, 1, 4), (128, 32, 2, 4), (32, 32, 2, 4),
         # one warp a program: no warp waits at a barrier for another's activations
-        # (an H200 sweep, in the git history of benchmarks/results/gemv-variants/)
         (32, 32, 1, 1), (32, 32, 2, 1), (32, 32, 4, 1), (32, 32, 8, 1), (16, 32, 1, 1), (16, 32, 2, 1),
         (16, 64, 2, 1),
     )

@@ -72,8 +72,7 @@ def block_k_for(group_size: int) -> int:
 
 def default_config(m: int, n: int, k: int, group_size: int) -> SkinnyConfig:
     """Without tuning: 128 rows a program on large layers (64 on small ones), and K split until the programs
-    fill the GPU about twice over (while each split keeps four steps or more): the shape of the best configs of an H200
-    sweep (``sweep_skinny_h200.json``, in the git history of benchmarks/results/)."""
+    fill the GPU about twice over (while each split keeps four steps or more)."""
     bk = block_k_for(group_size)
     block_n = 128 if n >= 4096 else 64
     steps = triton.cdiv(k, bk)
