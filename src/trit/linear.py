@@ -234,3 +234,11 @@ def warm_up_wanted(device: torch.device) -> bool:
     """``TRIT_WARMUP``: ``1`` always, ``0`` never, unset: on CUDA (where kernels compile)."""
     flag = os.environ.get(WARMUP_ENV, "")
     return flag == "1" or (flag != "0" and device.type == "cuda")
+
+
+def round_activations_int8(x: torch.Tensor, amax: torch.Tensor | None = None) -> torch.Tensor:
+    """W1.58A8's activation rounding as ``x_q / s`` in ``x.dtype``, each token's scale from ``amax`` (its
+    ``max |x|``, shape ``(..., 1)``) where the caller holds only part of the row (a tensor-parallel shard)."""
+    from trit.kernels.reference import fake_quantize_activations_int8
+
+    return fake_quantize_activations_int8(x, amax)

@@ -258,11 +258,9 @@ def fake_quantize_across_ranks(x: torch.Tensor) -> torch.Tensor:
     import torch.distributed as dist
     from vllm.distributed import get_tp_group
 
-    from trit.kernels.reference import fake_quantize_activations_int8
-
     amax = x.abs().amax(dim=-1, keepdim=True).float()
     dist.all_reduce(amax, op=dist.ReduceOp.MAX, group=get_tp_group().device_group)
-    return fake_quantize_activations_int8(x, amax)
+    return linear.round_activations_int8(x, amax)
 
 
 def unsupported_head_dim(hf_config: Any) -> str | None:
