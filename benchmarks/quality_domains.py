@@ -99,6 +99,8 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     ap.add_argument("--device", default="cpu", help="where GPTQ and the evaluation run")
     ap.add_argument("--work", type=Path, default=None, help="keep (and reuse) the checkpoints here")
     ap.add_argument("--max-windows", type=int, default=16)
+    ap.add_argument("--resume", action="store_true",
+                    help="keep the rows an earlier run of the same command wrote to --out and score only the rest")
     ap.add_argument("--heal-sample-batch", type=int, default=None,
                     help="healed variants: sequences the teacher samples at once (default: trit heal's)")
     ap.add_argument("--heal-no-grad-checkpointing", action="store_true",
@@ -153,12 +155,19 @@ def main() -> int:
     float_dir = smollm2.float_checkpoint()
     work = args.work or Path(f"/tmp/trit-quality-{int(time.time())}")
     opts = PerplexityOptions(max_windows=args.max_windows)
-    result = {"command": " ".join(["benchmarks/quality_domains.py", *sys.argv[1:]]), "model": smollm2.MODEL_NAME,
+    command = " ".join(["benchmarks/quality_domains.py", *(a for a in sys.argv[1:] if a != "--resume")])
+    result = {"command": command, "model": smollm2.MODEL_NAME,
               "device": args.device, "host": platform.processor() or platform.machine(),
               "gpu": torch.cuda.get_device_name(torch.device(args.device)) if args.device.startswith("cuda") else None,
               "torch": torch.__version__, "corpora": list(CORPORA),
               "eval": f"the first {opts.max_windows} windows of {opts.seq_len} tokens of each corpus's evaluation half",
               "rows": []}
+    if args.resume and args.out.is_file():
+        earlier = json.loads(args.out.read_text())
+        if earlier.get("command") != command:
+            raise SystemExit(f"--resume: {args.out} was written by another command: {earlier.get('command')}")
+        result["rows"] = [r for r in earlier["rows"] if r["variant"] in args.variants.split(",")]
+    done = {r["variant"] for r in result["rows"]}
     texts = {name: halves(read(name)[1])[0] for name in CORPORA}
 
     def make(name: str, flags: list[str]) -> tuple[Path, float]:
@@ -172,6 +181,8 @@ def main() -> int:
         return path, time.perf_counter() - t
 
     for name in args.variants.split(","):
+        if name in done:
+            continue
         base, heal_flags = HEALED.get(name, (A8.get(name, name), None))
         flags = VARIANTS[base]
         path, seconds = float_dir, 0.0
