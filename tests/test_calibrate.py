@@ -8,6 +8,7 @@ from pathlib import Path
 import pytest
 import torch
 
+from trit import format as fmt
 from trit import runtime
 from trit.calibrate import windows_from_text
 from trit.cli import main
@@ -75,6 +76,31 @@ def test_two_planes_load_audit_and_beat_one(tiny: Path, calib_file: Path, tmp_pa
     tok = loaded.tokenizer
     ids = tok(TEXT[:200], return_tensors="pt").input_ids
     assert _logit_error(tmp_path / "p2", tiny, ids) < 0.5 * _logit_error(tmp_path / "p1", tiny, ids)
+
+
+@torch.no_grad()
+def test_a_bits_budget_gives_a_second_plane_to_some_layers(tiny: Path, calib_file: Path, tmp_path: Path) -> None:
+    from transformers import AutoModelForCausalLM
+
+    calib = CalibConfig(calib_file, samples=8, seq_len=64, batch=4)
+    convert(tiny, tmp_path / "p1", GPTQConfig(32, calib=calib), progress=False, log=lambda s: None)
+    lines: list[str] = []
+    report = convert(tiny, tmp_path / "b3", GPTQConfig(32, calib=calib, bits=3.0), progress=False, log=lines.append)
+    qcfg = fmt.TritConfig.from_dict(json.loads((tmp_path / "b3" / "config.json").read_text())["quantization_config"])
+    two = dict(qcfg.layer_planes)
+    assert qcfg.planes == 1 and sorted(two) == report.two_planes and set(two.values()) == {2}
+    assert 0 < len(two) < len(report.layers) and f"a second plane for {len(two)} of 14 layers" in lines[-1]
+    for i in range(2):  # the layers vLLM fuses share one count
+        qcfg.planes_of(f"model.layers.{i}.self_attn.qkv_proj"), qcfg.planes_of(f"model.layers.{i}.mlp.gate_up_proj")
+    checked = audit(tmp_path / "b3")
+    assert checked.ok and 2.5 < checked.bits_per_weight <= 3.0
+    assert checked.bits_per_weight == pytest.approx(report.bits_per_weight)
+    loaded = runtime.load(tmp_path / "b3", device="cpu")
+    assert {name: loaded.model.get_submodule(name).planes for name in two} == two
+    ids = loaded.tokenizer(TEXT[:200], return_tensors="pt").input_ids
+    assert _logit_error(tmp_path / "b3", tiny, ids) < _logit_error(tmp_path / "p1", tiny, ids)
+    hf = AutoModelForCausalLM.from_pretrained(tmp_path / "b3", dtype=torch.float32)
+    assert torch.equal(hf(ids).logits, loaded.model(ids).logits)
 
 
 def test_data_free_calibration_by_default(tiny: Path, tmp_path: Path) -> None:

@@ -302,6 +302,11 @@ def test_a_vocab_size_that_disagrees_with_the_embedding_fails_the_audit(tiny_lla
     (["--method", "absmean", "--group-size", "1048576"],
      ("--group-size 1048576: larger than the rows of", "use a group of at most 64, or -1")),
     (["--method", "absmean", "--group-size", "6"], ("--group-size 6: expected -1 (one scale a row) or a positive",)),
+    (["--bits", "2.5", "--planes", "2"], ("--bits 2.5 with --planes 2: a bits budget chooses each layer's planes",)),
+    (["--bits", "2.5", "--method", "twn"], ("--bits with --method twn: a bits budget needs --method gptq",)),
+    (["--bits", "9"], ("--bits 9: expected more than one plane's 2.250 and less than two planes' 4.500",)),
+    (["--bits", "nan"], ("--bits nan: expected a number of bits a weight",)),
+    (["--scheme", "w4a8", "--bits", "3"], ("--bits: ternary only",)),
 ])
 def test_quantize_options_are_checked_before_work(src: Path, tmp_path: Path, flags: list[str], needles) -> None:
     refused(trit("quantize", src, tmp_path / "out", *flags, "--quiet", check=False), *needles)

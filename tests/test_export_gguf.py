@@ -140,6 +140,18 @@ def test_groups_that_split_a_block_are_refused_or_rounded_again(tmp_path: Path) 
     assert trit("export", ckpt, tmp_path / "q.gguf", "--type", "q2_0").returncode == 0  # groups of 64: exact
 
 
+def test_a_layer_of_two_planes_is_refused(tmp_path: Path) -> None:
+    import json
+
+    ckpt = _ckpt(tmp_path, "llama", 64)
+    config = json.loads((ckpt / "config.json").read_text())
+    config["quantization_config"]["layer_planes"] = {"model.layers.0.mlp.down_proj": 2}  # as a bits budget writes
+    (ckpt / "config.json").write_text(json.dumps(config))
+    refused = trit("export", ckpt, tmp_path / "m.gguf", "--type", "q2_0", check=False)
+    assert refused.returncode == 2 and "layers of 2 trit-planes; a GGUF tensor holds one" in refused.stderr
+    assert list(tmp_path.glob("*.gguf")) == [] and list(tmp_path.glob(".m.gguf*")) == []
+
+
 def test_scales_fp16_cannot_hold_are_refused_unless_rounded(tmp_path: Path) -> None:
     bf16 = _ckpt(tmp_path, "llama", 256, scale_dtype="bfloat16")  # 8 bits of mantissa: fp16 holds them exactly
     assert "exact" in trit("export", bf16, tmp_path / "b.gguf").stdout

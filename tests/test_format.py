@@ -127,6 +127,28 @@ def test_planes_in_the_config() -> None:
     assert fmt.TritConfig.from_dict({"quant_method": "trit", "format_version": 1, "group_size": 64}).planes == 1
     with pytest.raises(fmt.FormatError, match="quantization_config.planes: expected 1 to 2, found 3"):
         fmt.TritConfig.from_dict({"quant_method": "trit", "format_version": 1, "group_size": 64, "planes": 3})
+
+
+def test_layer_planes_name_the_layers_with_another_count() -> None:
+    base = {"quant_method": "trit", "format_version": 1, "group_size": 64}
+    two = {"model.layers.0.mlp.down_proj": 2, "model.layers.1.self_attn.q_proj": 2,
+           "model.layers.1.self_attn.k_proj": 2, "model.layers.1.self_attn.v_proj": 2}
+    cfg = fmt.TritConfig.from_dict(base | {"layer_planes": two})
+    assert cfg.to_dict()["layer_planes"] == two and fmt.TritConfig.from_dict(cfg.to_dict()) == cfg
+    assert "layer_planes" not in fmt.TritConfig.from_dict(base).to_dict()
+    assert cfg.max_planes == 2 and fmt.TritConfig.from_dict(base).max_planes == 1
+    assert cfg.planes_of("model.layers.0.mlp.down_proj") == 2 and cfg.planes_of("model.layers.0.mlp.up_proj") == 1
+    # the fused layers vLLM loads take their parts' count
+    assert cfg.planes_of("model.layers.1.self_attn.qkv_proj") == 2 and cfg.planes_of("model.layers.0.self_attn.qkv_proj") == 1
+    assert cfg.planes_of("model.layers.0.mlp.gate_up_proj") == 1
+    split = fmt.TritConfig.from_dict(base | {"layer_planes": {"model.layers.0.mlp.gate_proj": 2}})
+    with pytest.raises(fmt.FormatError, match=r"model.layers.0.mlp.gate_up_proj: expected one plane count for the "
+                                              r"layers vLLM fuses into one, found \[1, 2\]"):
+        split.planes_of("model.layers.0.mlp.gate_up_proj")
+    with pytest.raises(fmt.FormatError, match=r"layer_planes\['model.layers.0.mlp.up_proj'\]: expected 1 to 2, found 3"):
+        fmt.TritConfig.from_dict(base | {"layer_planes": {"model.layers.0.mlp.up_proj": 3}})
+    with pytest.raises(fmt.FormatError, match="layer_planes: expected an object of module name: plane count"):
+        fmt.TritConfig.from_dict(base | {"layer_planes": [2]})
     assert fmt.plane_suffixes(2) == [("weight_packed", "weight_scale"), ("weight_packed_2", "weight_scale_2")]
     assert fmt.layer_names(["a.weight_packed_2", "b.weight_scale", "c.weight"]) == ["a", "b"]
 

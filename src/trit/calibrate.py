@@ -27,7 +27,9 @@ sequences it samples from its BOS token (data-free, as in LLM-QAT; Liu et al.
 from __future__ import annotations
 
 import copy
+from collections.abc import Mapping
 from contextlib import ExitStack
+from dataclasses import replace
 from pathlib import Path
 
 import torch
@@ -39,7 +41,15 @@ from trit import format as fmt
 from trit.arch import meta_model
 from trit.checkpoint import Checkpoint, CheckpointError
 from trit.configs import FIRST, CalibConfig
-from trit.quant.gptq import GptqOptions, dequantize_planes, float_target_weight, gptq_ternary, hessian
+from trit.quant.budget import PlaneGain
+from trit.quant.gptq import (
+    GptqOptions,
+    dequantize_planes,
+    float_target_weight,
+    gptq_ternary,
+    hessian,
+    output_error,
+)
 from trit.rotation import TensorMap
 
 # the order data reaches a decoder layer's linear layers; each group shares one input
@@ -238,12 +248,16 @@ class _LayerLoader:
 
 def gptq_model(
     ckpt: Checkpoint, quantized: set[str], gopts: GptqOptions, calib: CalibConfig, device: str = "cpu",
-    progress: bool = True, rotate: TensorMap | None = None,
+    progress: bool = True, rotate: TensorMap | None = None, planes: Mapping[str, int] | None = None,
+    gains: list[PlaneGain] | None = None,
 ) -> dict[str, tuple[torch.Tensor, torch.Tensor]]:
     """GPTQ every module in ``quantized``: ``{module: (codes (P, N, K_pad) int8, scales (P, N, G) f32)}``.
 
     ``rotate`` (``(name, source tensor) -> {name: tensor}``, the loader of :func:`trit.rotation.rotation_maps`):
-    quantize the model those tensors make (the sampled calibration windows are the source's: the same function)."""
+    quantize the model those tensors make (the sampled calibration windows are the source's: the same function).
+    ``planes``: the modules whose plane count is not ``gopts.planes``. ``gains``: also round each group of layers
+    sharing an input with two planes on the same Hessian and append what that measured (:mod:`trit.quant.budget`);
+    the one-plane result is the one kept and passed on."""
     ids = calibration_ids(ckpt, calib, device, progress)  # (S, T)
     model = meta_model(ckpt, torch.float32)
     results: dict[str, tuple[torch.Tensor, torch.Tensor]] = {}
@@ -268,9 +282,13 @@ def gptq_model(
             for names in groups:
                 first = names[0].removeprefix(prefix + ".")
                 h, cross = _stage_stats(layer, first, hidden, rope, positions, float_layer, hidden_f)
+                measured: list[tuple[int, ...]] | None = [] if gains is not None else None
                 for name in names:
                     bar.set_postfix_str(name, refresh=False)
-                    results[name] = _quantize_linear(model.get_submodule(name), h, gopts, cross)
+                    opts = replace(gopts, planes=(planes or {}).get(name, gopts.planes))
+                    results[name] = _quantize_linear(model.get_submodule(name), h, opts, cross, measured)
+                if gains is not None:
+                    gains.append(PlaneGain(tuple(names), *(sum(column) for column in zip(*measured))))
             hidden = _run_layer(layer, hidden, rope, positions)
             if float_layer is not None:
                 hidden_f = _run_layer(float_layer, hidden_f, rope, positions)
@@ -334,11 +352,13 @@ def _stage_stats(layer: nn.Module, first: str, hidden, rope, positions, float_la
 
 
 def _quantize_linear(
-    lin: nn.Linear, h: torch.Tensor, gopts: GptqOptions, cross: torch.Tensor | None = None
+    lin: nn.Linear, h: torch.Tensor, gopts: GptqOptions, cross: torch.Tensor | None = None,
+    measured: list[tuple] | None = None,
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """GPTQ one linear layer (K padded to whole groups), and put its dequantized weight back in place.
 
-    Returns codes ``(P, N, K_pad)`` int8 and scales ``(P, N, G)`` f32, on the CPU.
+    Returns codes ``(P, N, K_pad)`` int8 and scales ``(P, N, G)`` f32, on the CPU. ``measured``: also round it
+    with two planes and append ``(weights, codes, scales, error with one plane, with two, tr(W H W^T))``.
     """
     n, k = lin.weight.shape
     k_pad = fmt.padded_k(k, gopts.group_size)
@@ -350,6 +370,11 @@ def _quantize_linear(
         cp[:k, :k] = cross
         w = float_target_weight(w, hp, cp, gopts.damp)
     codes, scales = gptq_ternary(w, hp, gopts)
+    if measured is not None:
+        codes2, scales2 = gptq_ternary(w, hp, replace(gopts, planes=2))
+        measured.append((n * k, n * k_pad, scales.shape[1] * scales.shape[2],
+                         output_error(w, dequantize_planes(codes, scales), hp),
+                         output_error(w, dequantize_planes(codes2, scales2), hp), output_error(w, 0 * w, hp)))
     lin.weight.copy_(dequantize_planes(codes, scales)[:, :k].to(lin.weight.dtype))
     return codes.cpu(), scales.cpu()
 

@@ -52,7 +52,7 @@ def calib_config(args: argparse.Namespace) -> CalibConfig:
 # the flag each config field comes from, for errors in the CLI's words
 FLAG_OF = {"group_size": "--group-size", "planes": "--planes", "device": "--device", "damp": "--damp",
            "passes": "--passes", "samples": "--calib-samples", "seq_len": "--calib-seq-len", "batch": "--calib-batch",
-           "first": "--calib-first", "tensor_parallel_size": "--tensor-parallel-size", "lm_head": "--lm-head"}
+           "first": "--calib-first", "tensor_parallel_size": "--tensor-parallel-size", "lm_head": "--lm-head", "bits": "--bits"}
 
 
 @contextlib.contextmanager
@@ -89,7 +89,8 @@ def _quantize_configs(args: argparse.Namespace) -> tuple[QuantConfig, Layout]:
 
     knobs = dict(damp=args.damp, act_order=args.act_order) | ({} if args.passes is None else {"passes": args.passes})
     if args.scheme == "w4a8":
-        ternary_only = [flag for flag, used in (("--planes", args.planes != 1), ("--keep", bool(args.keep)),
+        ternary_only = [flag for flag, used in (("--planes", args.planes != 1), ("--bits", args.bits is not None),
+                                                ("--keep", bool(args.keep)),
                                                 ("--lm-head", args.lm_head != "stored"),
                                                 ("--activations", args.activations != "none"),
                                                 ("--method", args.method != Method.GPTQ.value),
@@ -100,9 +101,14 @@ def _quantize_configs(args: argparse.Namespace) -> tuple[QuantConfig, Layout]:
         return W4A8Config(parse_group_size(args.group_size), calib_config(args), args.rotate, args.device,
                           args.tensor_parallel_size, **knobs), Layout()
     group, method = _int_flag(args.group_size, "--group-size"), Method(args.method)
+    if args.bits is not None and args.planes != 1:
+        raise OptionError(f"--bits {args.bits} with --planes {args.planes}: a bits budget chooses each layer's planes")
+    if args.bits is not None and method is not Method.GPTQ:
+        raise OptionError(f"--bits with --method {method.value}: a bits budget needs --method gptq (its calibration "
+                          "pass measures what a second plane buys in each layer)")
     if method is Method.GPTQ:
         config: QuantConfig = GPTQConfig(group, args.planes, calib_config(args), args.rotate, args.device,
-                                         float_target=args.float_target, **knobs)
+                                         float_target=args.float_target, bits=args.bits, **knobs)
     else:
         config = (TWNConfig if method is Method.TWN else AbsmeanConfig)(group, args.planes, args.rotate, args.device)
     layout = Layout(tuple(k.strip() for k in args.keep.split(",") if k.strip()), fmt.PadPolicy(args.pad),
@@ -251,11 +257,13 @@ def _quantize_parser(sub) -> None:
                  "feedback, on calibration text (--calib FILE, or by default text the float model samples itself);\n"
                  "absmean is BitNet's naive rounding (instant, and ruinous for a model not trained ternary); twn\n"
                  "fits each group's threshold and scale exactly, without data. --planes 2 stores two ternary planes\n"
-                 "a layer (about 4.5 bits a weight). Embeddings and lm_head stay in high precision.\n\n"
+                 "a layer (about 4.5 bits a weight); --bits B gives a second plane to the layers where it buys the\n"
+                 "most, up to B bits a weight. Embeddings and lm_head stay in high precision.\n\n"
                  "--scheme w4a8: int4 GPTQ weights (group or channel scales) and int8 per-token activations,\n"
                  "written as compressed-tensors for stock vLLM (no plugin); same calibration flags.",
                  "trit quantize ./SmolLM2-135M ./smollm2-trit\n"
                  "  trit quantize ./SmolLM2-135M ./smollm2-trit2 --planes 2\n"
+                 "  trit quantize ./SmolLM2-135M ./smollm2-trit3 --bits 3.0\n"
                  "  trit quantize ./SmolLM2-135M ./smollm2-w4a8 --scheme w4a8 --group-size 64")
     q.add_argument("model_dir", type=Path, help="a float checkpoint folder (config.json, safetensors)")
     q.add_argument("out_dir", type=Path, help="where the checkpoint goes (written atomically)")
@@ -267,6 +275,10 @@ def _quantize_parser(sub) -> None:
                    help="inputs per scale; -1 (ternary) or 'channel' (w4a8): one scale per row")
     q.add_argument("--planes", type=int, default=d.planes, choices=[1, 2],
                    help="ternary planes per layer: 2 stores W = a1*T1 + a2*T2 (about 4.5 bits a weight)")
+    q.add_argument("--bits", type=float, default=None, metavar="B",
+                   help="a bits budget (GPTQ): one plane everywhere, and a second plane for the layers where it cuts "
+                        "the output error most per added bit, up to B bits a weight as stored (between one plane's "
+                        "and two planes', e.g. 2.5 or 3.0 at groups of 64; default: --planes everywhere)")
     q.add_argument("--calib", default=None, metavar="TEXT",
                    help="calibration text: a file, or a built-in corpus (wikitext2, gsm8k, python: its calibration "
                         "half); default: text sampled from the float model (data-free)")

@@ -163,11 +163,17 @@ class GPTQConfig(_Rotation):
     act_order: bool = GptqOptions.act_order  # columns by decreasing Hessian diagonal
     passes: int = GptqOptions.passes  # rounding passes, each later one onto the scales the one before refitted
     float_target: bool | None = GptqOptions.float_target  # aim at the float model's outputs (None: one plane)
+    # a bits budget: bits a weight the ternary layers store, one plane everywhere and a second plane for the layers
+    # where it cuts the output error most per added bit (trit.quant.budget); None: ``planes`` everywhere
+    bits: float | None = None
     method = Method.GPTQ
 
     def __post_init__(self) -> None:
         _check_ternary(self)
         _check_gptq(self)
+        _check(self, "bits", self.bits is None or (isinstance(self.bits, int | float) and not isinstance(self.bits, bool)
+                                                   and 0 < self.bits < float("inf")), "a number of bits a weight")
+        _check(self, "planes", self.bits is None or self.planes == 1, "1 with a bits budget (bits)")
 
     def gptq(self) -> GptqOptions:
         return GptqOptions(self.group_size, self.planes, self.damp, self.act_order, passes=self.passes,

@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import fnmatch
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from contextlib import ExitStack
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -53,6 +53,7 @@ class ConvertReport:
     scale_bytes: int = 0
     ternary_weights: int = 0
     seconds: float = 0.0
+    two_planes: list[str] = field(default_factory=list)  # the layers a bits budget gave a second plane
 
     @property
     def bits_per_weight(self) -> float:
@@ -68,6 +69,9 @@ class ConvertReport:
             f"{(self.packed_bytes + self.scale_bytes) / 2**20:.1f} MiB: "
             f"{self.bits_per_weight:.3f} bits per weight including scales",
         ]
+        if self.two_planes:
+            lines.append(f"  bits budget: a second plane in {len(self.two_planes)} of "
+                         f"{counts['ternary'] + counts['padded']} layers")
         for layer in self.layers:
             if layer.action != "ternary":
                 lines.append(f"  {layer.action:>6}  {layer.name} {layer.shape[0]}x{layer.shape[1]}: {layer.reason}")
@@ -134,22 +138,52 @@ def _quantize_layer(
     return out
 
 
-def _output_bytes(ckpt: Checkpoint, plan: dict[str, LayerReport], config: TernaryConfig, layout: Layout) -> int:
+def _plane_bytes(layer: LayerReport, group_size: int, layout: Layout) -> int:
+    """One plane of a ternary layer as stored: codes and scales."""
+    (p_shape, s_shape) = fmt.expected_shapes(*layer.shape, group_size)
+    return p_shape[0] * p_shape[1] + s_shape[0] * s_shape[1] * layout.scale_dtype.torch.itemsize
+
+
+def _output_bytes(ckpt: Checkpoint, plan: dict[str, LayerReport], config: TernaryConfig, layout: Layout,
+                  planes: Mapping[str, int]) -> int:
     """About how large the output is: ternary layers at their packed size, everything else as it is."""
     total = 0
     for name, info in ckpt.tensors.items():
-        layer = plan.get(name.rsplit(".", 1)[0])
+        module = name.rsplit(".", 1)[0]
+        layer = plan.get(module)
         if layer is not None and layer.action != "kept" and name.endswith(".weight"):
-            (p_shape, s_shape) = fmt.expected_shapes(*layer.shape, config.group_size)
-            scale_bytes = layout.scale_dtype.torch.itemsize
-            total += config.planes * (p_shape[0] * p_shape[1] + s_shape[0] * s_shape[1] * scale_bytes)
+            total += planes.get(module, config.planes) * _plane_bytes(layer, config.group_size, layout)
         else:
             total += info.nbytes
     return total
 
 
+def _check_bits(bits: float, plan: dict[str, LayerReport], group_size: int, layout: Layout) -> None:
+    """A bits budget between one plane everywhere and two, for this model's layers."""
+    ternary = [r for r in plan.values() if r.action != "kept"]
+    one = 8 * sum(_plane_bytes(r, group_size, layout) for r in ternary) / sum(r.shape[0] * r.shape[1] for r in ternary)
+    if not one < bits < 2 * one:
+        raise ConvertError(f"--bits {bits:g}: expected more than one plane's {one:.3f} and less than two planes' "
+                           f"{2 * one:.3f} bits a weight (these layers, group {group_size})")
+
+
+def _bits_budget(ckpt: Checkpoint, todo: set[str], config: GPTQConfig, layout: Layout, progress: bool,
+                 rotate, log: Callable[[str], None]) -> dict[str, int]:
+    """The calibration pass that measures what a second plane buys in each group of layers, and the layers the
+    budget gives one (:mod:`trit.quant.budget`)."""
+    from trit.calibrate import gptq_model
+    from trit.quant import budget
+
+    gains: list[budget.PlaneGain] = []
+    log(f"bits budget {config.bits:g}: measuring what a second plane buys in each layer (a first GPTQ pass)")
+    gptq_model(ckpt, todo, config.gptq(), config.calib, config.device, progress, rotate, gains=gains)
+    two = budget.choose(gains, config.bits, 8 * layout.scale_dtype.torch.itemsize)
+    log(f"bits budget {config.bits:g}: a second plane for {len(two)} of {len(todo)} layers")
+    return {m: 2 for m in sorted(two)}
+
+
 def _trit_config(config: TernaryConfig, layout: Layout, plan: dict[str, LayerReport],
-                 rotated: bool) -> fmt.TritConfig:
+                 rotated: bool, planes: Mapping[str, int]) -> fmt.TritConfig:
     kept = sorted(m for m, r in plan.items() if r.action == "kept")
     return fmt.TritConfig(
         group_size=config.group_size,
@@ -157,6 +191,7 @@ def _trit_config(config: TernaryConfig, layout: Layout, plan: dict[str, LayerRep
         method=config.method.value,
         pad_policy=layout.pad_policy,
         planes=config.planes,
+        layer_planes=tuple(planes.items()),
         modules_not_converted=ALWAYS_KEPT + tuple(kept),
         lm_head=layout.lm_head,
         activation=layout.activations,
@@ -187,11 +222,16 @@ def convert(
 
         calibration_text(config.calib.file)  # readable text, before anything heavy
     plan = _plan(ckpt, config.group_size, layout)
+    bits = getattr(config, "bits", None)
+    if bits is not None:
+        _check_bits(bits, plan, config.group_size, layout)
     report = ConvertReport(out)
     start = time.perf_counter()
-    log(f"quantizing {src} -> {out}: {config.method.value}, group {config.group_size}, {config.planes} plane(s)")
+    log(f"quantizing {src} -> {out}: {config.method.value}, group {config.group_size}, "
+        + (f"a bits budget of {bits:g}" if bits is not None else f"{config.planes} plane(s)"))
     rotation = choose_rotation(ckpt, config.rotate, config.rotates)
     precomputed: dict[str, tuple[torch.Tensor, torch.Tensor]] = {}
+    planes: dict[str, int] = {}  # the layers whose plane count is not config.planes
     with ExitStack() as stack:
         rotate, rotate_for_calibration = rotation_maps(ckpt, rotation, stack, device=config.device)
         if isinstance(config, GPTQConfig):
@@ -199,8 +239,10 @@ def convert(
 
             check_all_finite(ckpt, progress)  # seconds, before minutes of calibration
             todo = {m for m, r in plan.items() if r.action != "kept"}
+            if bits is not None:
+                planes = _bits_budget(ckpt, todo, config, layout, progress, rotate_for_calibration, log)
             precomputed = gptq_model(ckpt, todo, config.gptq(), config.calib, config.device, progress,
-                                      rotate_for_calibration)
+                                      rotate_for_calibration, planes=planes)
 
         def quantized(name: str) -> bool:
             module, leaf = name.rsplit(".", 1)
@@ -218,12 +260,13 @@ def convert(
                     out[n] = t.contiguous()
             return out
 
-        qcfg = _trit_config(config, layout, plan, rotation is not None).to_dict()
+        qcfg = _trit_config(config, layout, plan, rotation is not None, planes).to_dict()
         hf_config = dict(ckpt.config, quantization_config=qcfg)
         if rotation is not None:
             hf_config = rotated_config(hf_config)
-        needed = _output_bytes(ckpt, plan, config, layout) + (tied_head_bytes(ckpt) if rotation is not None else 0)
+        needed = _output_bytes(ckpt, plan, config, layout, planes) + (tied_head_bytes(ckpt) if rotation is not None else 0)
         write_checkpoint(ckpt, out, transform, hf_config, progress, needed=needed)
     report.layers = sorted(plan.values(), key=lambda r: r.name)
+    report.two_planes = sorted(planes)
     report.seconds = time.perf_counter() - start
     return report

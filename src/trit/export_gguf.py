@@ -185,8 +185,8 @@ def export_gguf(ckpt_dir: str | Path, out_file: str | Path, qtype: str = "q2_0",
     qcfg = ckpt.trit_config()
     if qcfg is None:
         raise CheckpointError(ckpt.path, "expected a trit checkpoint (quantization_config), found a float one")
-    if qcfg.planes != 1:
-        raise ConvertError(f"{ckpt.path}: {qcfg.planes} trit-planes; a GGUF tensor holds one")
+    if qcfg.max_planes != 1:
+        raise ConvertError(f"{ckpt.path}: layers of {qcfg.max_planes} trit-planes; a GGUF tensor holds one")
     target = TYPES[qtype]
     start = time.perf_counter()
     report = ExportReport(out, qtype)

@@ -133,6 +133,9 @@ class TritConfig:
     pad_policy: PadPolicy = PadPolicy.PAD
     activation: ActivationQuant = ActivationQuant.NONE
     planes: int = 1  # ternary planes summed per layer (trit-planes)
+    # the layers with another count (a bits budget: trit quantize --bits), as sorted (module, planes) pairs; a
+    # fused group vLLM loads as one layer (q/k/v, gate/up) shares one count
+    layer_planes: tuple[tuple[str, int], ...] = ()
     modules_not_converted: tuple[str, ...] = ()
     format_version: int = FORMAT_VERSION
     # the output layer when the model is served: "stored" (as the checkpoint holds it) or "int8" (rounded to int8
@@ -144,6 +147,11 @@ class TritConfig:
         check_group_size(self.group_size, "quantization_config.group_size")
         if self.planes not in range(1, MAX_PLANES + 1) or isinstance(self.planes, bool):
             raise FormatError("quantization_config.planes", f"1 to {MAX_PLANES}", repr(self.planes))
+        for module, planes in self.layer_planes:
+            if not isinstance(module, str) or planes not in range(1, MAX_PLANES + 1) or isinstance(planes, bool):
+                raise FormatError(f"quantization_config.layer_planes[{module!r}]", f"1 to {MAX_PLANES}",
+                                  repr(planes))
+        object.__setattr__(self, "layer_planes", tuple(sorted(self.layer_planes)))
         if self.format_version != FORMAT_VERSION:
             raise FormatError(
                 "quantization_config.format_version", f"{FORMAT_VERSION}", repr(self.format_version)
@@ -155,6 +163,24 @@ class TritConfig:
     def padded_k(self, k: int) -> int:
         """K rounded up to what this config stores: a whole number of groups and of bytes."""
         return padded_k(k, self.group_size)
+
+    @property
+    def max_planes(self) -> int:
+        """The most trit-planes any layer has."""
+        return max([self.planes, *(p for _, p in self.layer_planes)])
+
+    def planes_of(self, module: str) -> int:
+        """The trit-planes of ``module``: a checkpoint layer, or a fused layer vLLM loads (``qkv_proj``,
+        ``gate_up_proj``), whose parts share one count."""
+        own = dict(self.layer_planes)
+        if module in own:
+            return own[module]
+        parent, _, leaf = module.rpartition(".")
+        counts = {own.get(f"{parent}.{part}", self.planes) for part in FUSED.get(leaf, ())}
+        if len(counts) > 1:
+            raise FormatError(f"quantization_config.layer_planes: {parent}.{leaf}",
+                              "one plane count for the layers vLLM fuses into one", str(sorted(counts)))
+        return counts.pop() if counts else self.planes
 
     def is_converted(self, module: str) -> bool:
         """False for a module listed (or under a prefix listed) in ``modules_not_converted``."""
@@ -170,6 +196,7 @@ class TritConfig:
             "pad_policy": self.pad_policy.value,
             "activation": self.activation.value,
             "planes": self.planes,
+            **({"layer_planes": dict(self.layer_planes)} if self.layer_planes else {}),
             "modules_not_converted": list(self.modules_not_converted),
             **({"lm_head": self.lm_head} if self.lm_head != "stored" else {}),
             **dict(self.extra),
@@ -211,6 +238,11 @@ class TritConfig:
             kwargs["planes"] = d["planes"]
         if "lm_head" in d:
             kwargs["lm_head"] = d["lm_head"]
+        if "layer_planes" in d:
+            layers = d["layer_planes"]
+            if not isinstance(layers, Mapping) or not all(isinstance(m, str) for m in layers):
+                raise FormatError(f"{where}.layer_planes", "an object of module name: plane count", repr(layers))
+            kwargs["layer_planes"] = tuple(layers.items())
         modules = d.get("modules_not_converted", [])
         if not isinstance(modules, list) or not all(isinstance(m, str) for m in modules):
             raise FormatError(f"{where}.modules_not_converted", "a list of module names", repr(modules))
@@ -387,6 +419,10 @@ def check_finite(name: str, t: torch.Tensor) -> None:
     """Refuse a float tensor holding NaN or Inf (a high-precision tensor of a checkpoint: a norm, an embedding)."""
     if t.is_floating_point() and not torch.isfinite(t).all():
         raise FormatError(name, "finite values", f"{int((~torch.isfinite(t)).sum())} NaN or Inf")
+
+
+# vLLM's fused layers and the checkpoint layers each loads
+FUSED = {"qkv_proj": ("q_proj", "k_proj", "v_proj"), "gate_up_proj": ("gate_proj", "up_proj")}
 
 
 def plane_suffixes(planes: int) -> list[tuple[str, str]]:

@@ -210,8 +210,9 @@ def heal(
     loaded = runtime.load(ckpt_dir, device=device, dtype=torch.float32, warm=False, lm_head="stored")  # it trains
     if loaded.trit_config is None:
         raise ConvertError(f"{ckpt_dir}: not a trit checkpoint (heal starts from a ternary model)")
-    if loaded.trit_config.planes != 1:
-        raise ConvertError(f"{ckpt_dir}: heal trains one-plane checkpoints; this one has {loaded.trit_config.planes}")
+    if loaded.trit_config.max_planes != 1:
+        raise ConvertError(f"{ckpt_dir}: heal trains one-plane checkpoints; this one has layers of "
+                           f"{loaded.trit_config.max_planes}")
     teacher = AutoModelForCausalLM.from_pretrained(teacher_dir, dtype=torch.float32).to(device).eval()
     teacher.requires_grad_(False)
     amp = (lambda: torch.autocast("cuda", dtype=torch.bfloat16)) if _is_cuda(device) else nullcontext

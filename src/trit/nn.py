@@ -127,7 +127,7 @@ def swap_linears(model: nn.Module, names: list[str], config: fmt.TritConfig) -> 
             )
         new = TritLinear(
             old.in_features, old.out_features, old.bias is not None, config.group_size,
-            config.scale_dtype.torch, old.weight.dtype, old.weight.device, config.activation, config.planes,
+            config.scale_dtype.torch, old.weight.dtype, old.weight.device, config.activation, config.planes_of(name),
         )
         setattr(parent, child, new)
 

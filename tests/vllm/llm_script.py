@@ -19,10 +19,12 @@ def linear_layers(model) -> list[dict]:
 
     def trit(m, what):  # the trit layer object's spec and layout (trit.linear), None for other layers
         kernel = getattr(m, "trit_kernel", None)
-        return None if kernel is None else kernel.spec.act_int8 if what == "act_int8" else kernel.name == "mma"
+        if kernel is None:
+            return None
+        return {"act_int8": kernel.spec.act_int8, "planes": kernel.spec.planes}.get(what, kernel.name == "mma")
 
     return [{"name": name, "method": type(m.quant_method).__name__, "act_int8": trit(m, "act_int8"),
-             "a8_across_ranks": getattr(m, "trit_a8_across_ranks", None),
+             "a8_across_ranks": getattr(m, "trit_a8_across_ranks", None), "planes": trit(m, "planes"),
              "tiled": trit(m, "tiled"), "scheme": type(m.scheme).__name__ if hasattr(m, "scheme") else None}
             for name, m in model.named_modules() if isinstance(m, LinearBase)]
 

@@ -94,7 +94,7 @@ def audit(path: str | Path, values: bool = True) -> AuditReport:
     model = meta_model(ckpt)
     linears = {n: m for n, m in model.named_modules() if isinstance(m, nn.Linear)}
     ternary = fmt.layer_names(ckpt.tensors)
-    _check_names(report.check("tensors present and known"), ckpt, model, ternary, qcfg.planes)
+    _check_names(report.check("tensors present and known"), ckpt, model, ternary, qcfg)
     _check_policy(report.check("ternary vs modules_not_converted"), ckpt, qcfg, linears, ternary)
     with ExitStack() as stack:
         files = ckpt.open_all(stack) if values else {}
@@ -107,7 +107,7 @@ def audit(path: str | Path, values: bool = True) -> AuditReport:
             "layer layout (dtype, shape)", "codes in {0,1,2}", "scales finite, positive, dtype", "padding is zero"))
         packed_bytes = scale_bytes = weights = 0
         for layer in ternary:
-            for suffixes in fmt.plane_suffixes(qcfg.planes):
+            for suffixes in fmt.plane_suffixes(qcfg.planes_of(layer)):
                 names = tuple(f"{layer}.{x}" for x in suffixes)
                 if layer not in linears or any(n not in ckpt.tensors for n in names):
                     continue  # reported by the name checks
@@ -133,11 +133,11 @@ def audit(path: str | Path, values: bool = True) -> AuditReport:
     return report
 
 
-def _check_names(check: Check, ckpt: Checkpoint, model: nn.Module, ternary: list[str], planes: int) -> None:
+def _check_names(check: Check, ckpt: Checkpoint, model: nn.Module, ternary: list[str], qcfg: fmt.TritConfig) -> None:
     expected = set(model.state_dict())
     for layer in ternary:  # a ternary layer stores codes and scales (each plane) in place of its weight
         expected.discard(f"{layer}.weight")
-        expected |= {f"{layer}.{x}" for pair in fmt.plane_suffixes(planes) for x in pair}
+        expected |= {f"{layer}.{x}" for pair in fmt.plane_suffixes(qcfg.planes_of(layer)) for x in pair}
     tied = {"lm_head.weight"} if getattr(model.config, "tie_word_embeddings", False) else set()
     check.checked = len(expected | set(ckpt.tensors))
     check.failures += [f"{n}: expected a tensor in the checkpoint, found none" for n in sorted(expected - set(ckpt.tensors) - tied)]

@@ -139,12 +139,13 @@ def _weights_from_headers(folder: Path) -> dict[str, int] | None:
     return out
 
 
-def _config_quant(cfg: dict, opts: PlanOptions) -> tuple[int, int]:
-    """The group size and planes a trit config records; ``--group-size`` and one plane for a float config."""
+def _config_quant(cfg: dict, opts: PlanOptions) -> tuple[int, dict[str, int], int]:
+    """The group size, the layers' plane counts and the default a trit config records; ``--group-size`` and one
+    plane for a float config."""
     q = cfg.get("quantization_config") or {}
     if q.get("quant_method") != fmt.QUANT_METHOD:
-        return opts.group_size, 1
-    return q.get("group_size", opts.group_size), q.get("planes", 1)
+        return opts.group_size, {}, 1
+    return q.get("group_size", opts.group_size), dict(q.get("layer_planes") or {}), q.get("planes", 1)
 
 
 def _weights_from_config(folder: Path, cfg: dict, opts: PlanOptions) -> dict[str, int]:
@@ -152,13 +153,13 @@ def _weights_from_config(folder: Path, cfg: dict, opts: PlanOptions) -> dict[str
     from torch import nn
 
     model = meta_model(folder)
-    group, planes = _config_quant(cfg, opts)
+    group, layer_planes, planes = _config_quant(cfg, opts)
     out = {"ternary (codes, scales)": 0, "embeddings and lm_head": 0, "other high precision": 0}
     seen = set()
     for name, mod in model.named_modules():
         if isinstance(mod, nn.Linear) and is_decoder_linear(name):
             (p_shape, s_shape) = fmt.expected_shapes(mod.out_features, mod.in_features, group)
-            out["ternary (codes, scales)"] += planes * (math.prod(p_shape) + 2 * math.prod(s_shape))
+            out["ternary (codes, scales)"] += layer_planes.get(name, planes) * (math.prod(p_shape) + 2 * math.prod(s_shape))
             seen.add(id(mod.weight))
     for name, p in model.named_parameters():
         if id(p) in seen:

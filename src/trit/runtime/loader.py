@@ -158,7 +158,7 @@ def _load_tensors(
     for layer in fmt.layer_names(ckpt.tensors):
         mod = model.get_submodule(layer)
         assert isinstance(mod, TritLinear)
-        for packed_name, scale_name in fmt.plane_suffixes(qcfg.planes):
+        for packed_name, scale_name in fmt.plane_suffixes(qcfg.planes_of(layer)):
             fmt.check_layer(
                 layer, state[f"{layer}.{packed_name}"], state[f"{layer}.{scale_name}"],
                 qcfg.group_size, mod.out_features, mod.in_features, check_values=validate,

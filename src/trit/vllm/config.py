@@ -199,7 +199,8 @@ class TritLinearMethod(LinearMethodBase):
             return vllm_loader(param, *args, **kwargs)
 
         scale_dtype = self.trit.scale_dtype.torch
-        for packed_name, scale_name in fmt.plane_suffixes(self.trit.planes):  # trit-planes: one pair per plane
+        planes = self.trit.planes_of(self.prefix)
+        for packed_name, scale_name in fmt.plane_suffixes(planes):  # trit-planes: one pair per plane
             packed = PackedvLLMParameter(
                 # all zero weights (code 1) until loaded: valid codes also under load_format="dummy",
                 # which fills float tensors only
@@ -219,7 +220,7 @@ class TritLinearMethod(LinearMethodBase):
         # a row whose K is split over ranks is rounded by the whole row's max |x| (every rank's), here, before
         # the kernel: the kernel's own int8 rounding would take its rank's part only
         layer.trit_a8_across_ranks = act_int8 and input_size_per_partition != input_size
-        layer.trit_spec = linear.LinearSpec(n, input_size_per_partition, group, self.trit.planes,
+        layer.trit_spec = linear.LinearSpec(n, input_size_per_partition, group, planes,
                                             act_int8 and not layer.trit_a8_across_ranks)
         layer.trit_dtype = params_dtype
 
@@ -298,7 +299,7 @@ def check_headers(ckpt: Checkpoint, qcfg: fmt.TritConfig) -> None:
     for layer, (n, k) in shapes.items():
         if not qcfg.is_converted(layer):
             continue
-        for suffixes in fmt.plane_suffixes(qcfg.planes):
+        for suffixes in fmt.plane_suffixes(qcfg.planes_of(layer)):
             names = [f"{layer}.{x}" for x in suffixes]
             missing = [name for name in names if name not in ckpt.tensors]
             if missing:
@@ -330,7 +331,7 @@ def check_values(ckpt: Checkpoint, qcfg: fmt.TritConfig) -> None:
         try:
             for layer in sorted(ternary):
                 _, k = shapes[layer]
-                for suffixes in fmt.plane_suffixes(qcfg.planes):
+                for suffixes in fmt.plane_suffixes(qcfg.planes_of(layer)):
                     packed, scale = (get(f"{layer}.{x}") for x in suffixes)
                     fmt.check_layer(layer, packed, scale, qcfg.group_size, check_values=True, suffixes=suffixes)
                     fmt.check_padding(f"{layer}.{suffixes[0]}", packed, k)
