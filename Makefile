@@ -13,6 +13,16 @@ LLAMA_CPP_CMAKE ?= -DGGML_NATIVE=OFF -DGGML_AVX2=ON -DGGML_FMA=ON -DGGML_F16C=ON
 
 .PHONY: demo test test-slow lint clean
 
+# llm-compressor in an environment of its own (it pins its own transformers and compressed-tensors), for the quality
+# table's comparison (benchmarks/quality_domains.py's llmcompressor-* variants); not part of demo or test
+LLMCOMPRESSOR ?= llmcompressor==0.14.0.1
+.venv-llmcompressor/.installed:
+	$(PYTHON) -m venv .venv-llmcompressor
+	.venv-llmcompressor/bin/pip install -q "$(TORCH)" "$(LLMCOMPRESSOR)"
+	touch $@
+.PHONY: .venv-llmcompressor
+.venv-llmcompressor: .venv-llmcompressor/.installed
+
 $(BIN)/python:
 	$(PYTHON) -m venv $(VENV)
 	$(BIN)/python -m pip install -q --upgrade pip
@@ -45,4 +55,4 @@ test-slow: $(VENV)/.test-installed
 	$(BIN)/python -m pytest -q -m slow
 
 clean:
-	rm -rf $(VENV) .pytest_cache .ruff_cache
+	rm -rf $(VENV) .venv-llmcompressor .pytest_cache .ruff_cache

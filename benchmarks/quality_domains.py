@@ -4,7 +4,9 @@
         [--variants bf16,absmean,gptq,gptq-2planes,w4a8-g64,w4a8-channel] [--device cpu] [--work DIR] \
         [--gsm8k-limit N [--gsm8k-variants bf16,gptq]] [--heal-sample-batch N] [--heal-no-grad-checkpointing]
 
-A variant named ``BASE-a8`` (``A8``) scores BASE's checkpoint with int8 activations per token (W1.58A8).
+A variant named ``BASE-a8`` (``A8``) scores BASE's checkpoint with int8 activations per token (W1.58A8). A variant in
+``EXTERNAL`` is made by another tool (llm-compressor's W4A8, in its own environment: ``make .venv-llmcompressor``) on
+the calibration windows of the trit variant it names, and scored by the same code.
 
 Each variant is made the way a user makes it (the equivalent ``trit quantize``
 command is in its row), with data-free calibration unless the variant names
@@ -31,6 +33,7 @@ from __future__ import annotations
 import argparse
 import json
 import platform
+import subprocess
 import sys
 import time
 from pathlib import Path
@@ -67,12 +70,26 @@ VARIANTS = {
     "gptq-demo": ["--method", "gptq", "--calib", "wikitext2", "--calib-samples", "16", "--passes", "1"],
     "gptq-2planes-demo": ["--method", "gptq", "--planes", "2", "--calib", "wikitext2", "--calib-samples", "16",
                           "--passes", "1"],
+    # a bits budget between them: a second plane where it buys the most
+    "gptq-bits2.5-demo": ["--method", "gptq", "--bits", "2.5", "--calib", "wikitext2", "--calib-samples", "16",
+                          "--passes", "1"],
+    "gptq-bits3-demo": ["--method", "gptq", "--bits", "3.0", "--calib", "wikitext2", "--calib-samples", "16",
+                        "--passes", "1"],
+    "w4a8-g64-demo": ["--scheme", "w4a8", "--group-size", "64", "--calib", "wikitext2", "--calib-samples", "16"],
 }
 
 # name: the variant whose checkpoint it scores with int8 activations per token (W1.58A8): `--activations int8`
 # only records that in the config, so the weights are the base's, loaded with the override
 A8 = {"gptq-a8": "gptq", "gptq-2planes-a8": "gptq-2planes", "gptq-demo-a8": "gptq-demo",
       "gptq-2planes-demo-a8": "gptq-2planes-demo"}
+
+# checkpoints another tool makes, on the calibration windows of the trit variant named: name: (that variant, the
+# command, run with the variant's windows as IDS, the float model as MODEL and the output folder as OUT)
+LLMC_PYTHON = ".venv-llmcompressor/bin/python"  # llm-compressor's own environment (make .venv-llmcompressor)
+EXTERNAL = {
+    "llmcompressor-w4a8-g64-demo": ("w4a8-g64-demo", [LLMC_PYTHON, "benchmarks/llmcompressor_w4a8.py", "MODEL", "IDS",
+                                                      "OUT", "--group-size", "64"]),
+}
 
 # name: (the one-plane variant it starts from, its trit heal flags), healed with trit heal's defaults otherwise
 # (data-free: every training sequence sampled from the float model); --heal-sample-batch and
@@ -180,16 +197,32 @@ def main() -> int:
             raise SystemExit(f"{name}: trit quantize exited {code}")
         return path, time.perf_counter() - t
 
+    def make_external(name: str, flags: list[str]) -> tuple[Path, float]:
+        path = work / name
+        if (path / "config.json").is_file():
+            return path, 0.0
+        ids_file = work / f"{name}.ids.pt"
+        torch.save(_calibration_ids(float_dir, flags, args.device), ids_file)
+        t = time.perf_counter()
+        fill = {"MODEL": str(float_dir), "IDS": str(ids_file), "OUT": str(path)}
+        subprocess.run([fill.get(a, a) for a in EXTERNAL[name][1]], check=True)
+        return path, time.perf_counter() - t
+
     for name in args.variants.split(","):
         if name in done:
             continue
         base, heal_flags = HEALED.get(name, (A8.get(name, name), None))
-        flags = VARIANTS[base]
-        path, seconds = float_dir, 0.0
-        if flags is not None:
-            path, seconds = make(base, flags)
-        command = None if flags is None else " ".join(["trit quantize MODEL OUT", *flags,
-                                                        *(["--activations", "int8"] if name in A8 else [])])
+        if name in EXTERNAL:  # another tool's checkpoint, on the windows of a trit variant
+            flags = VARIANTS[EXTERNAL[name][0]]
+            path, seconds = make_external(name, flags)
+            command = " ".join(EXTERNAL[name][1]) + f" (IDS: the calibration windows of {EXTERNAL[name][0]})"
+        else:
+            flags = VARIANTS[base]
+            path, seconds = float_dir, 0.0
+            if flags is not None:
+                path, seconds = make(base, flags)
+            command = None if flags is None else " ".join(["trit quantize MODEL OUT", *flags,
+                                                            *(["--activations", "int8"] if name in A8 else [])])
         heal_report = None
         if heal_flags is not None:
             from trit.cli import heal_config, parser
