@@ -89,6 +89,9 @@ LLMC_PYTHON = ".venv-llmcompressor/bin/python"  # llm-compressor's own environme
 EXTERNAL = {
     "llmcompressor-w4a8-g64-demo": ("w4a8-g64-demo", [LLMC_PYTHON, "benchmarks/llmcompressor_w4a8.py", "MODEL", "IDS",
                                                       "OUT", "--group-size", "64"]),
+    # trit's GPTQ on int2 with zero points, the one-plane recipe's calibration (a float checkpoint, for scoring)
+    "int2-g64-demo": ("gptq-demo", [sys.executable, "benchmarks/int2_gptq.py", "MODEL", "OUT", "--group-size", "64",
+                                    "--calib", "wikitext2", "--calib-samples", "16"]),
 }
 
 # name: (the one-plane variant it starts from, its trit heal flags), healed with trit heal's defaults otherwise
@@ -136,6 +139,8 @@ def _size(path: Path) -> tuple[float, float | None]:
 
     ckpt = open_checkpoint(path)
     size = sum(s.stat().st_size for s in ckpt.shards) / 2**20
+    if (path / "int2_gptq.json").is_file():  # dequantized int2 (benchmarks/int2_gptq.py): the bits it stands for
+        return size, json.loads((path / "int2_gptq.json").read_text())["bits_per_weight"]
     if ckpt.quantization_config is None:
         return size, None
     if compressed.is_w4a8(ckpt.quantization_config):

@@ -44,6 +44,7 @@ from trit.configs import FIRST, CalibConfig
 from trit.quant.budget import PlaneGain
 from trit.quant.gptq import (
     GptqOptions,
+    dequantize,
     dequantize_planes,
     float_target_weight,
     gptq_ternary,
@@ -375,7 +376,7 @@ def _quantize_linear(
         measured.append((n * k, n * k_pad, scales.shape[1] * scales.shape[2],
                          output_error(w, dequantize_planes(codes, scales), hp),
                          output_error(w, dequantize_planes(codes2, scales2), hp), output_error(w, 0 * w, hp)))
-    lin.weight.copy_(dequantize_planes(codes, scales)[:, :k].to(lin.weight.dtype))
+    lin.weight.copy_(dequantize(codes, scales, gopts)[:, :k].to(lin.weight.dtype))
     return codes.cpu(), scales.cpu()
 
 

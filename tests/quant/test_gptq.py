@@ -8,6 +8,7 @@ import torch
 from trit.quant import dequantize_ternary, quantize
 from trit.quant.gptq import (
     GptqOptions,
+    dequantize,
     dequantize_planes,
     float_target_weight,
     gptq_ternary,
@@ -132,6 +133,28 @@ def test_int4_grid_codes_in_range_and_beat_round_to_nearest(layer, group: int, p
     assert gptq < 0.85 * rtn, (gptq, rtn)
     ternary = output_error(w, dequantize_planes(*gptq_ternary(w, h, GptqOptions(group_size=group))), h)
     assert gptq < 0.2 * ternary  # sixteen levels against three
+
+
+@pytest.mark.parametrize("group", [64, -1])
+def test_int2_with_zero_points_uses_four_levels_a_group_and_beats_round_to_nearest(layer, group: int) -> None:
+    w, h = layer
+    opts = GptqOptions(group_size=group, int_bits=2, zero_point=True, refit=False, passes=1)
+    codes, scales = gptq_ternary(w, h, opts)
+    g = group if group > 0 else 320
+    assert codes.shape == (1, 192, 320) and int(codes.min()) == 0 and int(codes.max()) == 3
+    assert scales.shape == (2, 192, 320 // g) and (scales[0] > 0).all()  # scales, then zero points
+    assert ((scales[1] >= 0) & (scales[1] <= 3) & (scales[1] == scales[1].round())).all()
+    q = dequantize(codes, scales, opts)
+    levels = q.reshape(192, -1, g)
+    assert max(len(levels[n, j].unique()) for n in range(0, 192, 17) for j in range(levels.shape[1])) <= 4
+    # round to nearest on the same min-max grid
+    lo, hi = w.reshape(192, -1, g).amin(-1, keepdim=True).clamp(max=0), w.reshape(192, -1, g).amax(-1, keepdim=True).clamp(min=0)
+    a = (hi - lo) / 3
+    z = torch.round(-lo / a)
+    rtn = (a * (torch.clamp(torch.round(w.reshape(192, -1, g) / a) + z, 0, 3) - z)).reshape(w.shape)
+    assert output_error(w, q, h) < 0.85 * output_error(w, rtn, h)
+    with pytest.raises(ValueError, match="a zero point is for an integer grid"):
+        GptqOptions(int_bits=2, zero_point=True)  # refit on: its scales are least-squares ones
 
 
 def test_int4_refit_keeps_the_codes_it_cannot_flip() -> None:

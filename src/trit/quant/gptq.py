@@ -13,7 +13,11 @@ matrix products. Here each column is rounded to its group's ternary grid:
   :func:`trit.quant.planes.fit_planes`, fitted the same way;
 - ``int_bits`` (the W4A8 recipe's weights, not ternary): the symmetric integer
   levels ``a * {-2^(b-1) .. 2^(b-1) - 1}`` with ``a = max|w| / ((2^b - 1) / 2)``
-  (the min-max grid compressed-tensors uses).
+  (the min-max grid compressed-tensors uses);
+- ``int_bits`` with ``zero_point`` (int2 and int3 GPTQ tools' grid, for the
+  same-bits comparison): the asymmetric levels ``a * ({0 .. 2^b - 1} - z)``,
+  ``a = (max - min) / (2^b - 1)`` over the group's weights and zero,
+  ``z = round(-min / a)``; the "scales" are then ``(scale, zero)`` pairs.
 
 ``H`` gets ``damp * mean(diag(H))`` on its diagonal. With ``act_order`` the
 columns go in order of decreasing ``diag(H)``, and each group's grid is fitted
@@ -47,12 +51,20 @@ class GptqOptions:
     # None: for one plane only, where it measured better (set so on construction)
     float_target: bool | None = None
     int_bits: int | None = None  # None: ternary planes; b: symmetric b-bit integer levels (one "plane")
+    zero_point: bool = False  # with int_bits: asymmetric levels, a (scale, zero) pair a group
 
     def __post_init__(self) -> None:
         if self.float_target is None:
             object.__setattr__(self, "float_target", self.planes == 1 and self.int_bits is None)
         if self.int_bits is not None and self.planes != 1:
             raise ValueError("an integer grid is one plane")
+        if self.zero_point and (self.int_bits is None or self.refit):
+            raise ValueError("a zero point is for an integer grid, without refit (its scales are not least-squares)")
+
+    @property
+    def grid_width(self) -> int:
+        """Numbers a group's grid holds: a scale a plane, or a scale and a zero point."""
+        return 2 if self.zero_point else self.planes
 
 
 def int_range(bits: int) -> tuple[int, int]:
@@ -60,9 +72,14 @@ def int_range(bits: int) -> tuple[int, int]:
     return -(2 ** (bits - 1)), 2 ** (bits - 1) - 1
 
 
-def fit_grid(w: torch.Tensor, planes: int, int_bits: int | None = None) -> torch.Tensor:
+def fit_grid(w: torch.Tensor, planes: int, int_bits: int | None = None, zero_point: bool = False) -> torch.Tensor:
     """``(N, g)`` float -> grid scales ``(N, planes)``: TWN for one plane, the joint fit for two, min-max
-    for an integer grid."""
+    for an integer grid; with ``zero_point``, ``(N, 2)``: each row's scale and zero point."""
+    if zero_point:
+        lo = w.amin(dim=1).clamp(max=0)
+        hi = w.amax(dim=1).clamp(min=0)
+        scale = ((hi - lo) / (2**int_bits - 1)).clamp(min=1e-12)
+        return torch.stack([scale, torch.round(-lo / scale)], dim=1)
     if int_bits is not None:
         lo, hi = int_range(int_bits)
         return (w.abs().amax(dim=1, keepdim=True) / ((hi - lo) / 2)).clamp(min=1e-12)
@@ -76,9 +93,14 @@ _COMBOS = torch.tensor([(a, b) for a in (-1, 0, 1) for b in (-1, 0, 1)], dtype=t
 
 
 def round_to_grid(
-    col: torch.Tensor, scales: torch.Tensor, int_bits: int | None = None
+    col: torch.Tensor, scales: torch.Tensor, int_bits: int | None = None, zero_point: bool = False
 ) -> tuple[torch.Tensor, torch.Tensor]:
-    """Nearest grid point per row: ``(N,)`` values, ``(N, P)`` scales -> ``(N,)`` values and ``(N, P)`` codes."""
+    """Nearest grid point per row: ``(N,)`` values, ``(N, P)`` scales -> ``(N,)`` values and ``(N, P)`` codes
+    (``(N, 1)`` codes ``0 .. 2^b - 1`` with a zero point)."""
+    if zero_point:
+        a, z = scales[:, 0], scales[:, 1]
+        t = torch.clamp(torch.round(col / a) + z, 0, 2**int_bits - 1)
+        return a * (t - z), t[:, None]
     if int_bits is not None:
         lo, hi = int_range(int_bits)
         a = scales[:, 0]
@@ -142,10 +164,10 @@ def _gptq_pass(weight: torch.Tensor, h: torch.Tensor, dead: torch.Tensor, perm: 
     if grid is not None:
         scales = grid.permute(1, 2, 0).to(w.device, torch.float32).contiguous()  # (N, G, P)
     else:
-        scales = torch.zeros(n, k // g, opts.planes, device=w.device)
+        scales = torch.zeros(n, k // g, opts.grid_width, device=w.device)
         if static:  # every group's grid from the original weights, before any column moves
             for j in range(k // g):
-                scales[:, j] = fit_grid(w[:, j * g:(j + 1) * g], opts.planes, opts.int_bits)
+                scales[:, j] = fit_grid(w[:, j * g:(j + 1) * g], opts.planes, opts.int_bits, opts.zero_point)
     w = w[:, perm]
     codes = torch.zeros(opts.planes, n, k, device=w.device)
     block = opts.block_size if static else g * max(1, opts.block_size // g)  # blocks hold whole groups
@@ -157,8 +179,8 @@ def _gptq_pass(weight: torch.Tensor, h: torch.Tensor, dead: torch.Tensor, perm: 
         for i in range(i2 - i1):
             col = int(perm[i1 + i])
             if not static and col % g == 0:  # a group starts: fit its grid on the weights as they stand now
-                scales[:, col // g] = fit_grid(w1[:, i:i + g], opts.planes, opts.int_bits)
-            q, t = round_to_grid(w1[:, i], scales[:, col // g], opts.int_bits)
+                scales[:, col // g] = fit_grid(w1[:, i:i + g], opts.planes, opts.int_bits, opts.zero_point)
+            q, t = round_to_grid(w1[:, i], scales[:, col // g], opts.int_bits, opts.zero_point)
             codes[:, :, col] = t.T
             e = (w1[:, i] - q) / hinv1[i, i]
             w1[:, i:] -= e[:, None] * hinv1[i, i:][None, :]
@@ -231,6 +253,15 @@ def hessian(x: torch.Tensor) -> torch.Tensor:
 def dequantize_planes(codes: torch.Tensor, scales: torch.Tensor) -> torch.Tensor:
     """Codes ``(P, N, K)`` and scales ``(P, N, G)`` -> the float weight ``(N, K)``."""
     return fmt.apply_scales(codes.float(), scales).sum(0)
+
+
+def dequantize(codes: torch.Tensor, scales: torch.Tensor, opts: GptqOptions) -> torch.Tensor:
+    """What :func:`gptq_ternary` returned, as the float weight ``(N, K)``: planes summed, or, with a zero point,
+    ``scale * (code - zero)`` (``scales`` ``(2, N, G)``: scales, then zero points)."""
+    if not opts.zero_point:
+        return dequantize_planes(codes, scales)
+    return fmt.apply_scales(codes[0].float() - fmt.apply_scales(torch.ones_like(codes[0], dtype=torch.float32),
+                                                                 scales[1]), scales[0])
 
 
 __all__ = ["GptqOptions", "gptq_ternary", "int_range", "float_target_weight", "output_error", "hessian", "dequantize_planes",
