@@ -877,6 +877,53 @@ def domains_headline() -> str:
     return "\n".join(lines)
 
 
+# the same-bits comparison (issue: quality per bit): one recipe (the demo's CPU budget: 16 WikiText windows, one
+# pass), each row a way to spend about the same bits: (label, run file, variant)
+SAME_BITS = (
+    ("bf16", "quality_domains_cpu_bits_relative.json", "bf16"),
+    ("ternary, one plane", "quality_domains_cpu_bits_relative.json", "gptq-demo"),
+    ("int2 with zero points, groups of 64 (trit's GPTQ, the same recipe; `benchmarks/int2_gptq.py`)",
+     "quality_domains_cpu_same_bits.json", "int2-g64-demo"),
+    ("ternary, a bits budget of 2.5, the first rule (relative error)", "quality_domains_cpu_bits_relative.json",
+     "gptq-bits2.5-demo"),
+    ("ternary, a bits budget of 3.0, the first rule (relative error)", "quality_domains_cpu_bits_relative.json",
+     "gptq-bits3-demo"),
+    ("W4A8, trit (`--scheme w4a8 --group-size 64`)", "quality_domains_cpu_same_bits.json", "w4a8-g64-demo"),
+    ("W4A8, llm-compressor's `oneshot` GPTQ on the same windows (`benchmarks/llmcompressor_w4a8.py`)",
+     "quality_domains_cpu_same_bits.json", "llmcompressor-w4a8-g64-demo"),
+    ("ternary, two planes (`--planes 2`)", "quality_domains_cpu_bits_relative.json", "gptq-2planes-demo"),
+)
+
+
+def same_bits() -> str:
+    """Ways to spend the bits, on one calibration recipe: the rows of :data:`SAME_BITS`, in order of bits."""
+    runs = {name: json.loads((RESULTS / name).read_text()) for _, name, _ in SAME_BITS}
+    corpora = runs[SAME_BITS[0][1]]["corpora"]
+    head = ["weights", *[f"{c} ppl (x bf16)" for c in corpora], *DOMAIN_HEAD, "run"]
+    lines = ["| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
+    for label, name, variant in SAME_BITS:
+        rows = {r["variant"]: r for r in runs[name]["rows"]}
+        if variant not in rows:
+            lines.append(f"| {label} | " + " | ".join(["-"] * (len(corpora) + 2)) + f" | `{name}`: not finished |")
+            continue
+        lines.append("| " + " | ".join([label, *_domain_cells(rows[variant], rows["bf16"], corpora), f"`{name}`"]) +
+                     " |")
+    def geo_ratio(name: str, variant: str) -> float:
+        rows = {r["variant"]: r for r in json.loads((RESULTS / name).read_text())["rows"]}
+        return rows[variant]["geometric_mean"] / rows["bf16"]["geometric_mean"]
+
+    _, default_file, default_variant = HEADLINE_DOMAINS[2]  # the one-plane default's row of the README
+    lines += ["", f"{runs[SAME_BITS[0][1]]['eval'].capitalize()}; SmolLM2-135M-Instruct on this project's 2-core "
+              "CPU; every quantized row calibrated on the same 16 windows of WikiText-2's calibration half with one "
+              "GPTQ pass (`trit demo`'s CPU budget, not the default recipe: one plane is "
+              f"x{geo_ratio(*SAME_BITS[1][1:]):.3g} here, x{geo_ratio(default_file, default_variant):.3g} with the "
+              "default's); each row against the bf16 row of its own run; the commands are in the files. "
+              "int2 is scored as its dequantized weights (trit has no int2 format); its bits count an fp16 scale "
+              "and a 2-bit zero point a group; llm-compressor wrote its scales in float32 (it quantized the float32 "
+              "model), so its 4.5 bits as stored would be 4.25 with bf16 scales, as trit's."]
+    return "\n".join(lines)
+
+
 # the README's speed table: kernel runs of one card and date (each a setting: bf16 or int8 activations), and the
 # serve sweep of that card; the model whose four layer shapes are summed
 README_KERNELS = ("kernels_h100_m512.json", "kernels_a8_row_h100.json")
@@ -1077,7 +1124,7 @@ def decode_plots() -> str:
 TABLES = {"kernels": kernels, "kernels-h100": lambda: kernels("kernels_h100_m512.json"),
           "serve-decode": lambda: serve(DECODE_SERVE), "serve-distinct": lambda: serve(DISTINCT_SERVE),
           "serve-sweep": lambda: serve(SWEEP_SERVE), "mma": mma, "speedups": speedups, "serving": serving, "serve": serve,
-          "serve-fresh": lambda: serve(FRESH), "serve-profile": serve_profile, "serve-head": serve_head, "repack": repack, "host-path": host_path, "lm-head": lm_head, "lm-head-speed": lm_head_speed, "layout-scales": layout_scales, "serve-budget": serve_budget, "serve-h100": serve_h100, "plan-vllm": plan_vllm, "cpu": cpu, "cpu-models": cpu_models, "domains": domains, "domains-headline": domains_headline,
+          "serve-fresh": lambda: serve(FRESH), "serve-profile": serve_profile, "serve-head": serve_head, "repack": repack, "host-path": host_path, "lm-head": lm_head, "lm-head-speed": lm_head_speed, "layout-scales": layout_scales, "serve-budget": serve_budget, "serve-h100": serve_h100, "plan-vllm": plan_vllm, "cpu": cpu, "cpu-models": cpu_models, "domains": domains, "domains-headline": domains_headline, "same-bits": same_bits,
           "vllm": vllm, "a8": a8, "ptq": ptq, "quality": quality, "decode": decode, "decode-plots": decode_plots,
           "serve-plot": serve_plot, "readme-quality": readme_quality, "readme-speed": readme_speed,
           "llama-cpp-gguf": llama_cpp_gguf}

@@ -1,4 +1,4 @@
-"""The bits budget's choice: a second plane where it cuts the relative output error most per added bit."""
+"""The bits budget's choice: a second plane where it cuts the output error most per added bit."""
 
 from __future__ import annotations
 
@@ -18,6 +18,9 @@ def test_the_largest_gain_per_bit_first_within_the_budget() -> None:
     assert choose(gains, small_only, 16) == {"small.a", "small.b"}  # 0.4 over 100 beats 0.8 over 1000
     # what the large group does not fit in, the smaller one still takes; a group that gains nothing never
     assert choose(gains, 4.5, 16) == {"small.a", "small.b", "large.a", "large.b"}
+    # the gain is absolute: a layer's output energy does not scale it
+    loud = PlaneGain(("loud.a",), 6400, 6400, 100, 0.5, 0.1, energy=1e6)
+    assert choose([loud, gains[1]], 2.25 + 2.25 * 6400 / (6400 + 64000), 16) == {"loud.a"}
     assert choose(gains, 2.25 + 2.25 * 1000 / 1200, 16) == {"small.a", "small.b"}
     for bits in (2.3, 2.6, 3.0, 4.0):
         chosen = choose(gains, bits, 16)

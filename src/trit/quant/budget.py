@@ -6,8 +6,8 @@ where a second plane cuts the output error most per added bit. The
 calibration pass measures it: each group of layers that share an input
 (q/k/v, o, gate/up, down: the groups vLLM fuses, so a fused layer has one
 plane count) is rounded with one plane and with two on the same Hessian, and
-the gain is the drop in relative output error, ``tr(E H E^T) / tr(W H W^T)``
-summed over the group. Groups are taken by gain per added bit, largest first,
+the gain is the drop in squared output error, ``tr(E H E^T)`` summed over the
+group (on the calibration tokens, as GPTQ measures it). Groups are taken by gain per added bit, largest first,
 while the budget holds (a greedy knapsack; a group too large for what is left
 is skipped for smaller ones).
 """
@@ -27,15 +27,15 @@ class PlaneGain:
     scales: int  # scales of one plane, N * G summed
     error_one: float  # squared output error, one plane, summed over the group's layers
     error_two: float  # the same with two planes
-    energy: float  # tr(W H W^T) summed: what the errors are relative to
+    energy: float  # tr(W H W^T) summed: the layers' output energy (for reports; the choice does not use it)
 
     def plane_bits(self, scale_bits: int) -> int:
         """What a second plane adds to the stored size, in bits."""
         return 2 * self.codes + scale_bits * self.scales
 
     def gain(self) -> float:
-        """The drop in relative output error a second plane buys."""
-        return (self.error_one - self.error_two) / max(self.energy, 1e-30)
+        """The drop in squared output error a second plane buys."""
+        return self.error_one - self.error_two
 
 
 def choose(gains: list[PlaneGain], bits: float, scale_bits: int) -> set[str]:
