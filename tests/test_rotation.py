@@ -80,7 +80,7 @@ def test_quantize_gives_calibration_the_embeddings_alone_on_its_device(tmp_path:
     class Seen(Exception):
         pass
 
-    def spy(ckpt, todo, gopts, calib, device, progress, rotate):
+    def spy(ckpt, todo, gopts, calib, device, progress, rotate, **_):
         with ExitStack() as stack:
             info = ckpt.tensors["model.embed_tokens.weight"]
             embed = ckpt.open_all(stack)[info.shard].get_tensor("model.embed_tokens.weight")
