@@ -859,18 +859,28 @@ def _domain_cells(row: dict, bf16: dict | None, corpora: list[str]) -> list[str]
     return cells
 
 
+def _labelled_rows(spec: tuple[tuple[str, str, str], ...]) -> tuple[list[str], str]:
+    """A per-domain table of ``(label, run file, variant)`` rows, each against its own run's bf16 row (a variant
+    the run did not finish: a row of dashes); and the evaluation's description, from the first run."""
+    runs = {name: json.loads((RESULTS / name).read_text()) for _, name, _ in spec}
+    corpora = runs[spec[0][1]]["corpora"]
+    head = ["weights", *[f"{c} ppl (x bf16)" for c in corpora], *DOMAIN_HEAD, "run"]
+    lines = ["| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
+    for label, name, variant in spec:
+        rows = {r["variant"]: r for r in runs[name]["rows"]}
+        if variant not in rows:
+            lines.append(f"| {label} | " + " | ".join(["-"] * (len(corpora) + 2)) + f" | `{name}`: not finished |")
+            continue
+        lines.append("| " + " | ".join([label, *_domain_cells(rows[variant], rows["bf16"], corpora), f"`{name}`"]) +
+                     " |")
+    return lines, runs[spec[0][1]]["eval"].capitalize()
+
+
 def domains_headline() -> str:
     """The README's per-domain table: the rows of :data:`HEADLINE_DOMAINS`, from runs of
     ``benchmarks/quality_domains.py`` on the H200 or the CPU."""
-    runs = {name: json.loads((RESULTS / name).read_text()) for _, name, _ in HEADLINE_DOMAINS}
-    corpora = runs[HEADLINE_DOMAINS[0][1]]["corpora"]
-    head = ["weights", *[f"{c} ppl (x bf16)" for c in corpora], *DOMAIN_HEAD, "run"]
-    lines = ["| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
-    for label, name, variant in HEADLINE_DOMAINS:
-        rows = {r["variant"]: r for r in runs[name]["rows"]}
-        lines.append("| " + " | ".join([label, *_domain_cells(rows[variant], rows["bf16"], corpora), f"`{name}`"]) +
-                     " |")
-    lines += ["", f"{runs[HEADLINE_DOMAINS[0][1]]['eval'].capitalize()}; SmolLM2-135M-Instruct, quantized and "
+    lines, evaluated = _labelled_rows(HEADLINE_DOMAINS)
+    lines += ["", f"{evaluated}; SmolLM2-135M-Instruct, quantized and "
               "scored on one H200, one H100 or this project's 2-core CPU (the run's name says which); each row "
               "against the bf16 row of its own run; every run's command is in its file (`benchmarks/results/`), the "
               "rows of each run in docs/quantization.md."]
@@ -898,23 +908,14 @@ SAME_BITS = (
 
 def same_bits() -> str:
     """Ways to spend the bits, on one calibration recipe: the rows of :data:`SAME_BITS`, in order of bits."""
-    runs = {name: json.loads((RESULTS / name).read_text()) for _, name, _ in SAME_BITS}
-    corpora = runs[SAME_BITS[0][1]]["corpora"]
-    head = ["weights", *[f"{c} ppl (x bf16)" for c in corpora], *DOMAIN_HEAD, "run"]
-    lines = ["| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
-    for label, name, variant in SAME_BITS:
-        rows = {r["variant"]: r for r in runs[name]["rows"]}
-        if variant not in rows:
-            lines.append(f"| {label} | " + " | ".join(["-"] * (len(corpora) + 2)) + f" | `{name}`: not finished |")
-            continue
-        lines.append("| " + " | ".join([label, *_domain_cells(rows[variant], rows["bf16"], corpora), f"`{name}`"]) +
-                     " |")
+    lines, evaluated = _labelled_rows(SAME_BITS)
+
     def geo_ratio(name: str, variant: str) -> float:
         rows = {r["variant"]: r for r in json.loads((RESULTS / name).read_text())["rows"]}
         return rows[variant]["geometric_mean"] / rows["bf16"]["geometric_mean"]
 
     _, default_file, default_variant = HEADLINE_DOMAINS[2]  # the one-plane default's row of the README
-    lines += ["", f"{runs[SAME_BITS[0][1]]['eval'].capitalize()}; SmolLM2-135M-Instruct on this project's 2-core "
+    lines += ["", f"{evaluated}; SmolLM2-135M-Instruct on this project's 2-core "
               "CPU; every quantized row calibrated on the same 16 windows of WikiText-2's calibration half with one "
               "GPTQ pass (`trit demo`'s CPU budget, not the default recipe: one plane is "
               f"x{geo_ratio(*SAME_BITS[1][1:]):.3g} here, x{geo_ratio(default_file, default_variant):.3g} with the "
