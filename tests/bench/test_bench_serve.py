@@ -599,3 +599,20 @@ def test_a_server_warm_up_and_levels_share_one_client(tmp_path: Path, monkeypatc
         given = str(serve.tokenizer_folder(serve.model_folder("tiny", sv["weights"])))
         assert sv["args"][sv["args"].index("--tokenizer") + 1] == given
         assert tokenizers[3 * i:3 * i + 3] == [given] * 3
+
+
+def test_int8_activations_serve_trit_weights_as_a_bitnet_import_holds_them(tmp_path: Path, monkeypatch) -> None:
+    """``--activations int8``: the trit model of each shape has one scale a row and BitNet's per-token int8
+    rounding (W1.58A8), in a folder of its own; bf16 is the same model either way."""
+    from trit import format as fmt
+    from trit.bench import serve
+
+    monkeypatch.setenv("TRIT_CACHE", str(tmp_path))
+    q = fmt.TritConfig.from_dict(serve.model_config("tiny", "trit", "int8")["quantization_config"])
+    assert q.group_size == fmt.PER_ROW and q.activation is fmt.ActivationQuant.INT8_PER_TOKEN
+    assert fmt.TritConfig.from_dict(serve.model_config("tiny", "trit")["quantization_config"]).activation \
+        is fmt.ActivationQuant.NONE
+    assert serve.model_folder("tiny", "trit", "int8").name == "tiny-trit-a8"
+    assert serve.model_folder("tiny", "bf16", "int8") == serve.model_folder("tiny", "bf16")
+    assert serve.model_config("tiny", "bf16", "int8") == serve.model_config("tiny", "bf16")
+    assert serve.parse_args(["--activations", "int8", "--out", str(tmp_path / "s.json")]).activations == "int8"

