@@ -71,6 +71,8 @@ VARIANTS = {
     "gptq-2planes-demo": ["--method", "gptq", "--planes", "2", "--calib", "wikitext2", "--calib-samples", "16",
                           "--passes", "1"],
     # a bits budget between them: a second plane where it buys the most
+    "gptq-bits2.5": ["--method", "gptq", "--bits", "2.5"],
+    "gptq-bits3": ["--method", "gptq", "--bits", "3.0"],
     "gptq-bits2.5-demo": ["--method", "gptq", "--bits", "2.5", "--calib", "wikitext2", "--calib-samples", "16",
                           "--passes", "1"],
     "gptq-bits3-demo": ["--method", "gptq", "--bits", "3.0", "--calib", "wikitext2", "--calib-samples", "16",
