@@ -616,3 +616,18 @@ def test_int8_activations_serve_trit_weights_as_a_bitnet_import_holds_them(tmp_p
     assert serve.model_folder("tiny", "bf16", "int8") == serve.model_folder("tiny", "bf16")
     assert serve.model_config("tiny", "bf16", "int8") == serve.model_config("tiny", "bf16")
     assert serve.parse_args(["--activations", "int8", "--out", str(tmp_path / "s.json")]).activations == "int8"
+
+
+def test_the_bitnet_shape_is_served_by_the_plugins_bitnet_model_its_trit_weights_w158a8(tmp_path: Path) -> None:
+    from trit import format as fmt
+    from trit.bench import serve
+
+    trit, bf16 = serve.model_config("bitnet-2b4t", "trit"), serve.model_config("bitnet-2b4t", "bf16")
+    assert trit["architectures"] == bf16["architectures"] == ["BitNetForCausalLM"]
+    assert (trit["hidden_size"], trit["intermediate_size"], trit["num_hidden_layers"], trit["hidden_act"]) == \
+        (2560, 6912, 30, "relu2")
+    q = fmt.TritConfig.from_dict(trit["quantization_config"])  # --activations bf16 or not: W1.58A8, a scale a row
+    assert q.group_size == fmt.PER_ROW and q.activation is fmt.ActivationQuant.INT8_PER_TOKEN
+    assert "quantization_config" not in bf16
+    assert serve.model_folder("bitnet-2b4t", "trit", "int8") == serve.model_folder("bitnet-2b4t", "trit")
+    assert serve.parse_args(["--models", "bitnet-2b4t", "--out", str(tmp_path / "s.json")]).models == ["bitnet-2b4t"]

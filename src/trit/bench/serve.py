@@ -50,7 +50,8 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
 from trit import format as fmt
-from trit.bench.decode import SHAPES, hf_config, trit_config
+from trit.bench.decode import SHAPES as DECODE_SHAPES
+from trit.bench.decode import hf_config, trit_config
 from trit.bench.guard import Figure, Report
 from trit.bench.host import cpu_model, first_visible_gpu, gpu_uuid
 from trit.eval.server import MEMORY_FLAGS, ServerError, VllmServer, cpu_kv_cache_bytes, server_flags
@@ -59,7 +60,13 @@ from trit.eval.server import MEMORY_FLAGS, ServerError, VllmServer, cpu_kv_cache
 TINY = dict(model_type="llama", hidden_size=128, intermediate_size=256, num_hidden_layers=2, num_attention_heads=2,
             num_key_value_heads=1, head_dim=64, vocab_size=256, max_position_embeddings=4096,
             tie_word_embeddings=False)
-ARCHITECTURES = {"llama": "LlamaForCausalLM", "qwen2": "Qwen2ForCausalLM"}
+ARCHITECTURES = {"llama": "LlamaForCausalLM", "qwen2": "Qwen2ForCausalLM", "bitnet": "BitNetForCausalLM"}
+# BitNet b1.58 2B4T's shape, served by the plugin's BitNet model (sub-norms, squared ReLU): its trit weights are
+# always W1.58A8 of one scale a row, as the model was trained; its bf16 twin is the same model unquantized
+BITNET = dict(model_type="bitnet", hidden_size=2560, intermediate_size=6912, num_hidden_layers=30,
+              num_attention_heads=20, num_key_value_heads=5, head_dim=128, vocab_size=128256, hidden_act="relu2",
+              rope_theta=500000.0, max_position_embeddings=4096, tie_word_embeddings=True)
+SHAPES = {**DECODE_SHAPES, "bitnet-2b4t": BITNET}
 CLIENT = """
 import contextlib, io, json, sys, traceback
 from vllm.benchmarks.serve import add_cli_args, main
@@ -284,11 +291,19 @@ class Server:
 def model_config(shape: str, weights: str, activations: str = "bf16") -> dict:
     """The shape's config.json; trit weights with their quantization config: groups of 64, or with int8
     activations (W1.58A8) one scale a row and BitNet's per-token rounding, as a BitNet import holds them."""
-    cfg = dict(TINY) if shape == "tiny" else hf_config(shape).to_dict()
+    if shape == "tiny":
+        cfg = dict(TINY)
+    elif shape in DECODE_SHAPES:
+        cfg = hf_config(shape).to_dict()
+    else:
+        from transformers import AutoConfig
+
+        kw = dict(SHAPES[shape])
+        cfg = AutoConfig.for_model(kw.pop("model_type"), **kw).to_dict()
     cfg["torch_dtype"] = "bfloat16"
     cfg["architectures"] = [ARCHITECTURES[cfg["model_type"]]]
     if weights == "trit":
-        q = trit_config() if activations == "bf16" else fmt.TritConfig(
+        q = trit_config() if activations == "bf16" and cfg["model_type"] != "bitnet" else fmt.TritConfig(
             group_size=fmt.PER_ROW, activation=fmt.ActivationQuant.INT8_PER_TOKEN)
         cfg["quantization_config"] = q.to_dict()
     return cfg
@@ -302,7 +317,8 @@ def model_folder(shape: str, weights: str, activations: str = "bf16") -> Path:
     a deployed server restarted does."""
     from trit.cache import cache_dir
 
-    return cache_dir() / "serve-models" / f"{shape}-{weights}{'-a8' if weights == 'trit' and activations == 'int8' else ''}"
+    a8 = weights == "trit" and activations == "int8" and shape != "bitnet-2b4t"  # BitNet's trit weights are W1.58A8
+    return cache_dir() / "serve-models" / f"{shape}-{weights}{'-a8' if a8 else ''}"
 
 
 def write_model(folder: Path, shape: str, weights: str, activations: str = "bf16") -> Path:
