@@ -3,11 +3,13 @@ every answer gives, and switching a kernel off."""
 
 from __future__ import annotations
 
+import dataclasses
 from pathlib import Path
 
 import pytest
 import torch
 
+from trit import format as fmt
 from trit.kernels import registry
 from trit.kernels.cuda import mma
 
@@ -110,9 +112,10 @@ def test_the_two_layouts_go_to_their_own_kernels(monkeypatch: pytest.MonkeyPatch
     for m, name in ((1, "cuda_gemv"), (launch.GEMV_MAX_M, "cuda_gemv"), (launch.GEMV_MAX_M + 1, "cuda_mma"),
                     (64, "cuda_mma"), (65, "cuda_dequant_cublas"), (4096, "cuda_dequant_cublas")):
         assert registry.choose_kernel(_mma(m)).kernel.name == name, m
-    assert registry.choose_kernel(_mma(1)).explain().splitlines()[0] == (
+    assert registry.choose_kernel(_mma(1)).explain().splitlines()[:2] == [
+        "cuda_wgmma_a8: cannot: takes int8 activations (W1.58A8) only",
         "cuda_imma: can; the rule of thumb (no tuned choice) passes it over: it runs where a tuned table measured "
-        "it fastest, not by rule")
+        "it fastest, not by rule"]
     _on_a_gpu(monkeypatch, None)  # an sm_90 GPU: wgmma from 64 to 256 rows
     for m, name in ((launch.GEMV_MAX_M + 1, "cuda_mma"), (63, "cuda_mma"), (64, "cuda_wgmma"), (256, "cuda_wgmma"),
                     (257, "cuda_dequant_cublas")):
@@ -121,6 +124,11 @@ def test_the_two_layouts_go_to_their_own_kernels(monkeypatch: pytest.MonkeyPatch
     # int8 activations (W1.58A8) take the same kernels, which round them first
     assert registry.choose_kernel(_mma(1, act_int8=True)).kernel.name == "cuda_gemv"
     assert registry.choose_kernel(_mma(100, act_int8=True)).kernel.name == "cuda_wgmma"
+    # one scale a row (BitNet's imports): the int8 wgmma kernel from 16 rows, on int8 tensor cores
+    row = dataclasses.replace(_mma(16, act_int8=True), group_size=fmt.PER_ROW)
+    assert registry.choose_kernel(row).kernel.name == "cuda_wgmma_a8"
+    assert registry.choose_kernel(dataclasses.replace(row, m=15)).kernel.name == "cuda_mma"
+    assert "one scale a row" in registry.choose_kernel(_mma(100, act_int8=True)).explain().splitlines()[0]
 
 
 def test_the_tuned_table_picks_among_the_kernels_that_can(monkeypatch: pytest.MonkeyPatch) -> None:

@@ -258,15 +258,18 @@ def _tiled_call(x, r, act_int8: bool = False):
     return lambda: torch.ops.trit.linear_tiled(x, r.wq, r.sc, r.n, r.group_size, None, act_int8)
 
 
-def tiled_kernels(m: int, wgmma_ok: bool) -> list[str]:
+def tiled_kernels(m: int, wgmma_ok: bool, a8_row: bool = False) -> list[str]:
     """The mma layout's kernels this benchmark tunes and times at ``m`` rows (``wgmma_ok``: the GPU runs the wgmma
-    kernel): each in its tuning range, and dequantize + cuBLAS beside the GEMMs wherever one of them could take
-    the problem from it. Where none is timed, dequantize + cuBLAS takes the rows without a tuned choice."""
+    kernel; ``a8_row``: int8 activations on a layer of one scale a row, which the int8 wgmma kernel takes): each in
+    its tuning range, and dequantize + cuBLAS beside the GEMMs wherever one of them could take the problem from it.
+    Where none is timed, dequantize + cuBLAS takes the rows without a tuned choice."""
     from trit.kernels.cuda import gemv as cgemv
     from trit.kernels.cuda import imma as cimma
     from trit.kernels.cuda import wgmma as cwgmma
+    from trit.kernels.cuda import wgmma_a8 as cwgmma_a8
 
     names = [name for name, on in (
+        ("cuda_wgmma_a8", a8_row and wgmma_ok and m >= cwgmma_a8.MIN_M),
         ("cuda_imma", m <= cimma.MAX_M),
         ("cuda_gemv", m <= cgemv.MAX_M),
         ("cuda_wgmma", wgmma_ok and cwgmma.TUNE_MIN_M <= m <= cwgmma.TUNE_MAX_M),
@@ -274,7 +277,7 @@ def tiled_kernels(m: int, wgmma_ok: bool) -> list[str]:
         # config only, which favoured the kernels tuned beside it (the GEMV, the int8 GEMV)
         ("cuda_mma", m <= cmma.TUNE_MAX_M),
     ) if on]
-    if m >= 16 and {"cuda_wgmma", "cuda_mma"} & set(names):
+    if m >= 16 and {"cuda_wgmma", "cuda_mma", "cuda_wgmma_a8"} & set(names):
         names.append("cuda_dequant_cublas")
     return names
 
@@ -287,18 +290,23 @@ def _tune_tiled(x: torch.Tensor, reps: list, key: str, choice_key: str | None = 
     from trit.kernels.cuda import imma as cimma
     from trit.kernels.cuda import nvrtc
     from trit.kernels.cuda import wgmma as cwgmma
+    from trit.kernels.cuda import wgmma_a8 as cwgmma_a8
     from trit.kernels.triton.device import sm_count
 
     m, out = x.shape[0], {}
-    names = tiled_kernels(m, cwgmma.supported(x.device) is None)
-    wg = cwgmma.configs_for(m, reps[0], sm_count()) if "cuda_wgmma" in names else []
     group = reps[0].group_size
+    a8_row = bool(choice_key and choice_key.endswith(",a8")) and group == fmt.PER_ROW
+    names = tiled_kernels(m, cwgmma.supported(x.device) is None, a8_row)
+    wg = cwgmma.configs_for(m, reps[0], sm_count()) if "cuda_wgmma" in names else []
+    wa = cwgmma_a8.configs_for(m, reps[0], sm_count()) if "cuda_wgmma_a8" in names else []
+    nvrtc.precompile(cwgmma_a8.source(), [cwgmma_a8.kernel_name(c) for c in wa], arch_suffix="a")
     nvrtc.precompile(cwgmma.source(), [cwgmma.kernel_name(c, group) for c in wg], arch_suffix="a")
     im = cimma.configs_for(reps[0], sm_count()) if "cuda_imma" in names else []
     nvrtc.precompile(cimma.source(), [cimma.kernel_name(cimma.token_tiles(m), c, group) for c in im])
     mm = cmma.configs_for(m, reps[0], sm_count()) if "cuda_mma" in names else []
     nvrtc.precompile(cmma.source(), [cmma.kernel_name(cmma.token_tiles(m, c.mt), c, group) for c in mm])
     for name, run, cands in (
+        ("cuda_wgmma_a8", cwgmma_a8.linear, wa),  # its time includes its rounding launch; the others' do not
         ("cuda_imma", cimma.linear, im),
         ("cuda_gemv", cgemv.linear, cgemv.configs_for(reps[0], sm_count()) if "cuda_gemv" in names else ()),
         ("cuda_wgmma", cwgmma.linear, wg),

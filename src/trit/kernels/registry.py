@@ -133,6 +133,8 @@ def _triton_candidates() -> tuple[Kernel, ...]:
 
 
 CUDA = (
+    Kernel("cuda_wgmma_a8", cuda_launch.refuse_wgmma_a8, tiled_a8=cuda_launch.run_wgmma_a8,
+           rule=cuda_launch.rule_wgmma_a8),
     Kernel("cuda_imma", cuda_launch.refuse_imma, tiled=cuda_launch.run_imma, rule=cuda_launch.rule_imma),
     Kernel("cuda_gemv", cuda_launch.refuse_gemv, tiled=cuda_launch.run_gemv, rule=cuda_launch.rule_gemv),
     Kernel("cuda_wgmma", cuda_launch.refuse_wgmma, tiled=cuda_launch.run_wgmma, rule=cuda_launch.rule_wgmma),

@@ -226,6 +226,34 @@ def test_quantize_rows_equals_reference(k: int, dtype: torch.dtype) -> None:
     assert ((v - v.floor() - 0.5).abs() < 1e-4).all(), v
 
 
+@pytest.mark.parametrize("k", [576, 96, 2880] if CUDA else [576, 96])
+@pytest.mark.parametrize("dtype", DTYPES)
+def test_quantize_rows_mma_is_the_reference_in_the_fragment_order(k: int, dtype: torch.dtype) -> None:
+    """What the int8 wgmma kernel reads: BitNet's codes, each 32 inputs in the k32 fragment's order, zero to the
+    layout's padded K, with the scales and the sums of codes (the rounding as :func:`quantize_rows`'s)."""
+    from trit.kernels.cuda import wgmma_a8
+    from trit.kernels.triton import quantize
+
+    x, _ = inputs(7, k, 1, dtype, bias=False, seed=k + 2)
+    x[3] = 0
+    wide = torch.cat([x, x], dim=1)[:, :k]  # the row stride is honoured
+    k_pad = -(-k // 128) * 128
+    q, s, sums = quantize.quantize_rows_mma(wide, k_pad)
+    q_ref, s_ref, sums_ref = wgmma_a8.quantize_reference(x.cpu(), k_pad)
+    torch.testing.assert_close(s.cpu(), s_ref, rtol=2**-22, atol=0)
+    assert torch.equal(sums.cpu(), q.cpu().sum(dim=1, dtype=torch.int32))
+    natural = torch.empty_like(q_ref)  # back in the inputs' order: apart from the reference only at a tie
+    natural.view(7, -1, 32)[:, :, wgmma_a8.input_order()] = q.cpu().view(7, -1, 32)
+    want_q, _ = reference.quantize_activations_int8(x.cpu())
+    assert not natural[:, k:].any()
+    apart = natural[:, :k] != want_q
+    assert (natural[:, :k].int() - want_q.int()).abs().max() <= 1
+    v = (x.cpu().float() * s_ref[:, None])[apart]
+    assert ((v - v.floor() - 0.5).abs() < 1e-4).all(), v
+    assert (sums.cpu() - sums_ref).abs().max() <= apart.sum()
+    assert quantize.quantize_rows_mma(x[:0], k_pad)[0].shape == (0, k_pad)
+
+
 @pytest.mark.parametrize("k", [576, 96, 4096] if CUDA else [576, 96])
 @pytest.mark.parametrize("dtype", DTYPES)
 def test_fake_quantize_rows_is_one_launch_of_the_reference(k: int, dtype: torch.dtype) -> None:

@@ -7,7 +7,9 @@ A layer is held in one layout (:mod:`trit.linear` chooses it at load). Where
 (what it cannot run) and a rule of thumb (where it runs without a tuned
 choice): the dp2a GEMV for a few rows, the mma.sync GEMM up to 64 rows (on
 Hopper, up to 63: the wgmma GEMM takes 64 to 256), dequantize + cuBLAS above;
-the int8 tensor-core GEMV only where a tuned table measured it fastest. Where
+the int8 tensor-core GEMV only where a tuned table measured it fastest; W1.58A8
+layers of one scale a row from 16 rows on Hopper's int8 wgmma (the others get
+the activations rounded and back, ``x_q / s``). Where
 NVRTC cannot compile (no CUDA build of torch, no ``nvidia-cuda-nvrtc``),
 nothing is repacked and the Triton kernels read format v1: the reason is
 logged once.
@@ -21,14 +23,16 @@ import logging
 
 import torch
 
+from trit import format as fmt
 from trit.kernels import tuning
-from trit.kernels.cuda import gemv, imma, mma, wgmma
+from trit.kernels.cuda import gemv, imma, mma, wgmma, wgmma_a8
 
 log = logging.getLogger(__name__)
 
 # without a tuned choice, the GEMV takes up to this many rows, the mma kernel up to mma.MAX_M (on Hopper the
 # wgmma kernel takes wgmma.MIN_M to wgmma.MAX_M), dequantize + cuBLAS the rest; the int8 GEMV only where tuned
 GEMV_MAX_M = 4
+TABLE_GROUP = 64  # the group size the shipped tables were tuned at
 
 
 @functools.cache
@@ -121,6 +125,26 @@ def rule_wgmma(p) -> str | None:
     return f"M = {p.m}: it takes {wgmma.MIN_M} to {wgmma.MAX_M} rows"
 
 
+def int8_wgmma_refusal(device: torch.device, group_size: int) -> str | None:
+    """Why the int8 wgmma kernel cannot run layers of ``group_size`` on ``device`` (``None``: it can)."""
+    if device.type != "cuda":
+        return f"runs on CUDA, not {device.type}"
+    return unavailable() or wgmma_a8.supported(device, group_size)
+
+
+def refuse_wgmma_a8(p) -> str | None:
+    why = _can(p)
+    if why is None and not p.act_int8:
+        why = "takes int8 activations (W1.58A8) only"
+    if why is None and p.group_size != fmt.PER_ROW:
+        why = f"groups of {p.group_size}: it takes one scale a row (a group's scale would fall between k32 steps)"
+    return why or _wgmma_support(torch.cuda.current_device())
+
+
+def rule_wgmma_a8(p) -> str | None:
+    return None if p.m >= wgmma_a8.MIN_M else f"M = {p.m} < {wgmma_a8.MIN_M}: the GEMV and mma kernels take it"
+
+
 def refuse_dequant(p) -> str | None:
     return _can(p)
 
@@ -136,8 +160,14 @@ def _finish(y: torch.Tensor, x: torch.Tensor, bias: torch.Tensor | None) -> torc
 
 
 def _tuned(name: str, x2: torch.Tensor, r: mma.MmaWeights, config_type):
-    """The tuned table's config for this problem (``trit bench kernels --tuned-out``), else ``None``: the heuristic."""
-    return tuning.lookup(name, tuning.key(x2.shape[0], r.n, r.k, r.group_size, x2.dtype), config_type)
+    """The tuned table's config for this problem (``trit bench kernels --tuned-out``), else the one tuned for groups
+    of :data:`TABLE_GROUP` where this layer's scales are as few or fewer (one a row, groups of 128: the same
+    loop with fewer scale reads, and shared memory that fits), else ``None``: the heuristic."""
+    m, dt = x2.shape[0], x2.dtype
+    cfg = tuning.lookup(name, tuning.key(m, r.n, r.k, r.group_size, dt), config_type)
+    if cfg is None and (r.group_size == fmt.PER_ROW or r.group_size > TABLE_GROUP):
+        cfg = tuning.lookup(name, tuning.key(m, r.n, r.k, TABLE_GROUP, dt), config_type)
+    return cfg
 
 
 def _planned(name: str, plan, config_type, x: torch.Tensor, r: mma.MmaWeights, bias: torch.Tensor | None):
@@ -169,6 +199,17 @@ def run_mma(x: torch.Tensor, r: mma.MmaWeights, bias: torch.Tensor | None) -> to
 
 def run_wgmma(x: torch.Tensor, r: mma.MmaWeights, bias: torch.Tensor | None) -> torch.Tensor:
     return _planned("cuda_wgmma", wgmma.plan, wgmma.WgmmaConfig, x, r, bias)
+
+
+def run_wgmma_a8(x: torch.Tensor, r: mma.MmaWeights, bias: torch.Tensor | None) -> torch.Tensor:
+    x2 = _flat(x)
+
+    def make() -> mma.Plan:
+        with torch.cuda.device(x2.device):
+            return wgmma_a8.plan(x2.shape[0], r, _tuned("cuda_wgmma_a8", x2, r, wgmma.WgmmaConfig), x2.device)
+
+    p = tuning.memo(("plan", "cuda_wgmma_a8", x2.shape[0], r.n, r.k, r.group_size, x2.device), make)
+    return _finish(wgmma_a8.run(p, x2, r), x, bias)
 
 
 def run_dequant(x: torch.Tensor, r: mma.MmaWeights, bias: torch.Tensor | None) -> torch.Tensor:

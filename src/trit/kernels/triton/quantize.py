@@ -57,6 +57,28 @@ def _fake_quantize_rows(
     tl.store(y_ptr + row * K + offs, y.to(y_ptr.dtype.element_ty), mask=offs < K)
 
 
+@triton.jit
+def _quantize_rows_mma(
+    x_ptr,  # (M, K) bf16/fp16/fp32, row stride stride_xm
+    q_ptr,  # (M, KP) int8: each 32 inputs in the k32 A fragment's order (wgmma_a8.input_order), zero past K
+    s_ptr,  # (M,) f32: 127 / max|x|
+    sum_ptr,  # (M,) int32: the row's sum of codes
+    K, KP, stride_xm,
+    BLOCK: tl.constexpr,  # >= KP, a power of two
+):
+    row = tl.program_id(0)
+    offs, _, s = _row_codes(x_ptr, row, K, stride_xm, BLOCK)
+    pos = offs % 32
+    src = offs - pos + 16 * (pos % 2) + 8 * (pos // 16) + 2 * ((pos % 16) // 4) + (pos % 4) // 2
+    x = tl.load(x_ptr + row * stride_xm + src, mask=src < K, other=0.0).to(tl.float32)
+    r = (x * s + 12582912.0) - 12582912.0
+    q = tl.minimum(tl.maximum(r, -128.0), 127.0)
+    q = tl.where(offs < KP, q, 0.0)
+    tl.store(q_ptr + row * KP + offs, q.to(tl.int8), mask=offs < KP)
+    tl.store(s_ptr + row, s)
+    tl.store(sum_ptr + row, tl.sum(q.to(tl.int32), axis=0))
+
+
 def _launch(kernel, x: torch.Tensor, *outs: torch.Tensor, **flags) -> None:
     m, k = x.shape
     block = triton.next_power_of_2(k)
@@ -84,3 +106,18 @@ def fake_quantize_rows(x: torch.Tensor) -> torch.Tensor:
     if x2.shape[0]:
         _launch(_fake_quantize_rows, x2, y, BF16=x.dtype == torch.bfloat16)
     return y.view(x.shape)
+
+
+def quantize_rows_mma(x: torch.Tensor, k_pad: int) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """(M, K) float -> what the int8 wgmma kernel reads (:func:`trit.kernels.cuda.wgmma_a8.quantize_reference`):
+    codes (M, ``k_pad``) int8 in the A fragment's order, scales (M,) f32, sums of codes (M,) int32, one launch."""
+    x2 = _rows(x)
+    m, k = x2.shape
+    q = torch.empty((m, k_pad), device=x.device, dtype=torch.int8)
+    s = torch.empty((m,), device=x.device, dtype=torch.float32)
+    sums = torch.empty((m,), device=x.device, dtype=torch.int32)
+    if m:
+        block = triton.next_power_of_2(k_pad)
+        _quantize_rows_mma[(m,)](x2, q, s, sums, k, k_pad, x2.stride(0), BLOCK=block,
+                                 num_warps=min(16, max(1, block // 512)))
+    return q, s, sums

@@ -1,0 +1,162 @@
+// trit_wgmma_a8: y[M, N] = W1.58A8 of x for a ternary W of one scale a row in the mma layout, on Hopper's int8
+// warpgroup MMA (wgmma.mma_async ... s32.u8.s8, sm_90a). Compiled after wgmma.cu (its fences, descriptors and
+// swizzle) and the u8 x s8 wrappers that trit/kernels/cuda/wgmma_a8.py writes for each token width.
+//
+// x arrives rounded (trit.kernels.triton.quantize.quantize_rows_mma): int8 codes (M, KP), KP the layout's padded
+// K, each 32 inputs in the order of the A fragment's k32 (wgmma_a8.input_order), the padding zero; each token's
+// scale s = 127 / max|x| and the sum of its codes. A word of the layout is then the A operand of one k32 step as
+// it stands: register q is the bytes (w >> 2q) & 0x03030303, the codes c = w + 1 in {0, 1, 2} as u8. The MMAs
+// sum c x_q exactly in int32, and y = (sum c x_q - sum x_q) * scale / s, one float step an output.
+//
+// The pipeline is trit_wgmma's: a ring of ST stages of activations (in the 128-byte swizzle, an atom of 128
+// inputs a token) and codes, refilled two chunks after a stage was read; a warp's four warps each own RT 16-row
+// tiles; AB A-register buffers let AB - 1 groups of wgmmas run behind the decode. Split-K adds float partial
+// sums into the workspace (the split that starts at K = 0 subtracts the code sum).
+
+template <int NTOK, int RT, int KI, int ST, int NW, int AB>
+__global__ void __launch_bounds__(NW * 32) trit_wgmma_a8(const U4* __restrict__ wq, const u32* __restrict__ sc,
+                                                     const signed char* __restrict__ x, u16* __restrict__ y,
+                                                     float* __restrict__ ws, int* __restrict__ locks,
+                                                     const float* __restrict__ xs, const int* __restrict__ xsum,
+                                                     int M, int N, int K, int KS, int GP, int chunks_per_split,
+                                                     int splits) {
+    constexpr int GS = 0, NGC = 1;                    // one scale a row (CODE_SOURCES and STAGE_CODES read them)
+    constexpr int KC = KI * 128;                      // inputs, and bytes of a token's x, a chunk
+    constexpr int NTH = NW * 32;
+    static_assert(NW % 4 == 0, "whole warpgroups");
+    constexpr int X_BYTES = NTOK * KC;
+    constexpr int W_BYTES = NW * RT * KI * 512;
+    constexpr int STAGE = (X_BYTES + W_BYTES + 1023) / 1024 * 1024;  // atoms on 1024-byte boundaries
+    static_assert(ST >= 3, "a stage is refilled two chunks after it was read");
+    static_assert((AB == 2 || AB == 4) && (4 * KI) % AB == 0, "the buffers cycle over a chunk's k32 steps");
+    extern __shared__ __align__(128) unsigned char smem[];  // [ST][x | codes], from a 1024-byte boundary
+
+    TOKEN_SLICE(NTOK)
+    xs += blockIdx.z * NTOK;
+    xsum += blockIdx.z * NTOK;
+    const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
+    const int g = lane >> 2, t = lane & 3;
+    const int NT = (N + 15) >> 4;
+    const int tile0 = (blockIdx.x * NW + warp) * RT;
+    const int nchunks = (KS + KI - 1) / KI;
+    const int c0 = blockIdx.y * chunks_per_split;
+    const int c1 = min(nchunks, c0 + chunks_per_split);
+    const u32 mask = 0x03030303u | (u32)(M >> 30);
+    const u32 base = (smem_addr(smem) + 1023) & ~1023u;
+
+    int acc[RT][NTOK / 2];
+#pragma unroll
+    for (int r = 0; r < RT; ++r)
+#pragma unroll
+        for (int e = 0; e < NTOK / 2; ++e) acc[r][e] = 0;
+
+    // x: thread T copies the 16-byte piece kc = T % (KC / 16) of tokens T / (KC / 16) + p RPP (p < XP), to atom
+    // kc / 8, piece (kc % 8) ^ (token % 8): RPP is a multiple of 8, so the piece is the same in every pass.
+    constexpr int CPR = KC / 16, RPP = NTH / CPR, XP = NTOK / RPP;
+    static_assert(NTH % CPR == 0 && RPP % 8 == 0 && NTOK % RPP == 0 && XP >= 1 && XP <= 32,
+                  "passes of the x copy cover NTOK");
+    const int kc = threadIdx.x % CPR, n0 = threadIdx.x / CPR;
+    const u32 x_off = x_piece<NTOK>(kc, n0);
+    u32 xlive = 0;
+#pragma unroll
+    for (int p = 0; p < XP; ++p) {
+        const int row = n0 + p * RPP;
+        if (row < M) xlive |= 1u << p;
+        else
+#pragma unroll
+            for (int st = 0; st < ST; ++st)
+                asm volatile("st.shared.v4.u32 [%0], {%1, %1, %1, %1};" ::"r"(base + st * STAGE + x_off + p * RPP * 128),
+                             "r"(0u));
+    }
+    const signed char* xsrc = x + (long)n0 * K + kc * 16 + (long)c0 * KC;
+    int xk = c0 * KC + kc * 16;
+    CODE_SOURCES
+    int step = c0 * KI;
+    const u32 w_off = X_BYTES + ((warp * RT) * KI * 32 + lane) * 16;
+    const u32 s_off = 0;  // no group scales in the stages
+    (void)ssrc;
+    (void)s_off;
+
+    auto load_stage = [&](int st) {
+        const u32 sb = base + st * STAGE;
+        const int xbytes = xk < K ? 16 : 0;
+#pragma unroll
+        for (int p = 0; p < XP; ++p)
+            if (xlive & (1u << p))
+                cp_async16(sb + x_off + p * RPP * 128, xbytes ? xsrc + (long)p * RPP * K : x, xbytes);
+        STAGE_CODES(sb)
+        xsrc += KC;
+        xk += KC;
+        step += KI;
+    };
+
+#pragma unroll
+    for (int s = 0; s < ST - 2; ++s) {
+        if (c0 + s < c1) load_stage(s);
+        cp_async_commit();
+    }
+    u32 a[AB][RT][4];
+    int st_use = 0, st_fill = ST - 2;
+    for (int c = c0; c < c1; ++c) {
+        cp_async_wait<ST - 3>();
+        fence_proxy_async();
+        __syncthreads();  // chunk c is in; every wgmma of chunk c - 2 (stage st_fill) has retired
+        if (c + ST - 2 < c1) load_stage(st_fill);
+        cp_async_commit();
+        st_fill = st_fill == ST - 1 ? 0 : st_fill + 1;
+        const u32 sb = base + st_use * STAGE, dlo = smem_desc_lo(sb);
+        st_use = st_use == ST - 1 ? 0 : st_use + 1;
+#pragma unroll
+        for (int i = 0; i < KI; ++i) {
+            if (c * KI + i >= KS) break;
+            U4 wv[RT];
+#pragma unroll
+            for (int r = 0; r < RT; ++r) wv[r] = lds128(sb + X_BYTES + (((warp * RT + r) * KI + i) * 32 + lane) * 16);
+#pragma unroll
+            for (int j = 0; j < 4; ++j) {  // word j: the k32 step of inputs 32 j to 32 j + 31 of the 128
+                const int q = (i * 4 + j) % AB;
+#pragma unroll
+                for (int r = 0; r < RT; ++r) {
+                    const u32 w = j == 0 ? wv[r].x : j == 1 ? wv[r].y : j == 2 ? wv[r].z : wv[r].w;
+                    a[q][r][0] = w & mask;
+                    a[q][r][1] = (w >> 2) & mask;
+                    a[q][r][2] = (w >> 4) & mask;
+                    a[q][r][3] = (w >> 6) & mask;
+                }
+                const unsigned long long d = smem_desc_sw128(dlo + ((i * NTOK * 128 + j * 32) >> 4));
+                wgmma_fence();
+#pragma unroll
+                for (int r = 0; r < RT; ++r) wgmma_u8s8<NTOK>(acc[r], a[q][r], d);
+                wgmma_commit();
+                wgmma_wait<AB - 1>();
+            }
+        }
+    }
+    wgmma_wait<0>();
+    cp_async_wait<0>();
+
+    // accumulator e of a thread is token tile e / 4, as an m16n8 C fragment: row g (+ 8 for e % 4 >= 2), tokens
+    // 2t and 2t + 1; the row's scale is the low (row g) or high (row g + 8) half of its lane's scale word. A token's
+    // sum and scale are read once for all the tiles, the division a fast reciprocal (within 2 ulp: bf16 output).
+    u32 sw[RT];
+#pragma unroll
+    for (int r = 0; r < RT; ++r) sw[r] = (tile0 + r < NT) ? ldg32(sc + (long)(tile0 + r) * GP * 8 + g) : 0u;
+#pragma unroll
+    for (int e = 0; e < NTOK / 2; ++e) {
+        const int hi = (e >> 1) & 1;
+        const int m = (e >> 2) * 8 + 2 * t + (e & 1);
+        if (m >= M) continue;
+        const int corr = blockIdx.y == 0 ? xsum[m] : 0;
+        const float inv = __fdividef(1.f, xs[m]);
+#pragma unroll
+        for (int r = 0; r < RT; ++r) {
+            const int n = (tile0 + r) * 16 + g + hi * 8;
+            if (n >= N) continue;
+            const float s_row = bf16_to_f32((u16)(hi ? sw[r] >> 16 : sw[r] & 0xFFFFu));
+            const float v = (float)(acc[r][e] - corr) * (s_row * inv);
+            if (splits == 1) y[(long)m * N + n] = f32_to_bf16(v);
+            else red_add(ws + (long)m * N + n, v);
+        }
+    }
+    if (splits > 1) splitk_finish(y, ws, locks, M, N, NW * RT * 16, splits);
+}

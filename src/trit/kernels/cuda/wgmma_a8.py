@@ -1,0 +1,202 @@
+"""W1.58A8 on Hopper's int8 warpgroup MMA (``wgmma_a8.cu``, sm_90a): the mma layout, one scale a row.
+
+The activations are rounded per token to int8 as BitNet rounds them, in one
+Triton launch (:func:`trit.kernels.triton.quantize.quantize_rows_mma`) that
+also writes each 32 inputs in the order of the A fragment's ``k32`` step
+(:func:`input_order`) and each token's sum of codes. A word of the layout is
+then the A operand of one ``k32`` step as it stands (the codes ``c = w + 1``
+as u8, four to a register with a shift and a mask), the tensor cores sum
+``c x_q`` exactly in int32 at twice bf16's rate, and the epilogue takes
+``(sum c x_q - sum x_q) * scale / s``. Layers with groups of scales stay on
+the bf16 kernels (on ``x_q / s``): a group scale would be applied between
+``k32`` steps. :func:`emulate` replays the kernel's fragments in plain PyTorch,
+so the CPU tests check the order and the arithmetic.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import replace
+from functools import lru_cache
+from pathlib import Path
+
+import torch
+
+from trit import format as fmt
+from trit.kernels.cuda import mma, wgmma
+from trit.kernels.cuda.wgmma import TOKENS, WgmmaConfig
+
+SOURCE_FILE = Path(__file__).with_name("wgmma_a8.cu")
+MIN_M = 16  # without a tuned choice it takes M from here up (below, the GEMV and mma.sync kernels on x_q / s)
+SIGNATURE = "PPPPPPPPiiiiiii"  # wq, sc, x, y, ws, locks, xs, xsum, then M, N, K (padded), KS, GP, chunks a split, splits
+
+
+def _wrapper(n: int) -> str:
+    """``wgmma_u8s8<n>``: one m64n{n}k32 MMA, A (u8) from registers, B (s8) from shared memory, D += A B in int32."""
+    d = n // 2
+    outs = ", ".join(f"%{i}" for i in range(d))
+    body = (f"{{ .reg .pred p; setp.ne.b32 p, %{d + 5}, 0; "
+            f"wgmma.mma_async.sync.aligned.m64n{n}k32.s32.u8.s8 {{{outs}}}, "
+            f"{{%{d}, %{d + 1}, %{d + 2}, %{d + 3}}}, %{d + 4}, p; }}")
+    cons = ", ".join(f'"+r"(c[{i}])' for i in range(d))
+    return (f"template <> __device__ __forceinline__ void wgmma_u8s8<{n}>(int* c, const u32* a, "
+            f"unsigned long long desc) {{\n"
+            f'    asm volatile("{body}" : {cons} : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "l"(desc), "r"(1));\n}}\n')
+
+
+@lru_cache(maxsize=1)
+def source() -> str:
+    head = "template <int N> __device__ __forceinline__ void wgmma_u8s8(int* c, const u32* a, unsigned long long desc);\n"
+    return wgmma.source() + "\n" + head + "".join(_wrapper(n) for n in TOKENS) + "\n" + SOURCE_FILE.read_text()
+
+
+def input_order() -> torch.Tensor:
+    """(32,): the input of a 32-input word at each position of the ``k32`` A fragment. Position ``4t + b + 16h``
+    (lane t, byte b of register 2h or 2h + 1) holds the code in bits ``2q + 8b`` of the word, which the layout
+    gave input ``16 (b % 2) + 8 h + 2t + b // 2`` (:mod:`trit.kernels.cuda.mma`)."""
+    pos = torch.arange(32)
+    t, b, h = (pos % 16) // 4, pos % 4, pos // 16
+    return 16 * (b % 2) + 8 * h + 2 * t + b // 2
+
+
+def quantize_reference(x: torch.Tensor, k_pad: int) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """What :func:`trit.kernels.triton.quantize.quantize_rows_mma` writes, in plain PyTorch: int8 codes (M,
+    ``k_pad``) in :func:`input_order` a word, zero past K; scales ``s`` (M,) f32; sums of codes (M,) int32."""
+    from trit.kernels.reference import quantize_activations_int8
+
+    q, s = quantize_activations_int8(x)
+    q = torch.nn.functional.pad(q, (0, k_pad - x.shape[-1]))
+    q = q.view(q.shape[0], -1, 32)[:, :, input_order().to(q.device)].reshape(q.shape[0], k_pad)
+    return q, s.view(-1), q.sum(dim=1, dtype=torch.int32)
+
+
+def quantize(x: torch.Tensor, k_pad: int) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """``x`` (M, K) -> the kernel's x, scales and sums: one Triton launch on CUDA, the reference elsewhere."""
+    if x.is_cuda:
+        from trit.kernels.triton.quantize import quantize_rows_mma
+
+        return quantize_rows_mma(x, k_pad)
+    return quantize_reference(x, k_pad)
+
+
+def emulate(x: torch.Tensor, r: mma.MmaWeights) -> torch.Tensor:
+    """(M, N) float32: the kernel's output before its bf16 rounding, by replaying it: the A registers decoded from
+    the layout's words (register q: bytes ``(w >> 2q) & 3``, row ``g + 8 (q % 2)``, fragment position ``4t + b +
+    16 (q // 2)``), the B operand read from :func:`quantize_reference`'s codes at those positions, int32 sums,
+    then the epilogue's correction and scales."""
+    q, s, sums = quantize_reference(x.float().cpu(), r.k_steps * mma.K_STEP)
+    m = q.shape[0]
+    lane = torch.arange(32)
+    g, t = lane >> 2, lane & 3
+    reg, byte = torch.arange(4)[:, None], torch.arange(4)[None, :]
+    rows = (g[:, None, None] + 8 * (reg & 1)).expand(32, 4, 4)
+    pos = (4 * t[:, None, None] + byte + 16 * (reg >> 1)).expand(32, 4, 4)
+    bits = (2 * reg + 8 * byte).expand(4, 4)
+    words = r.wq.cpu().long() & 0xFFFFFFFF  # (NT, KS, 32 lanes, 4 words)
+    a = torch.zeros(r.row_tiles, r.k_steps, 4, 16, 32, dtype=torch.long)  # (tile, step, word, row, position)
+    for j in range(4):
+        a[:, :, j][:, :, rows, pos] = (words[..., j, None, None] >> bits) & 3
+    b = q.long().view(m, r.k_steps, 4, 32)  # (token, step, word, position)
+    acc = torch.einsum("tsjrp,msjp->mtr", a, b).reshape(m, -1)[:, : r.n]  # exact in int64
+    scale = mma.layout_scales(r)[: r.n, 0]
+    return (acc - sums[:, None].long()).float() * scale / s[:, None]
+
+
+def valid(cfg: WgmmaConfig) -> bool:
+    """``wgmma_a8.cu``'s static asserts and register budget: whole warpgroups, 3 stages or more, at most 4
+    128-input steps a chunk, ``rt * ntok <= 256``, 2 or 4 A-register buffers that cycle over a chunk's k32 steps,
+    and copy passes of whole 8-token groups (16 bytes a thread, 128 ``ki`` bytes a token) that cover the tokens;
+    no warp-specialized variant."""
+    if cfg.ntok not in TOKENS or cfg.warps % 4 or cfg.stages < 3 or cfg.rt * cfg.ntok > 256 or cfg.ki > 4 \
+            or cfg.bufs not in (2, 4) or (4 * cfg.ki) % cfg.bufs or cfg.ws:
+        return False
+    threads, pieces = cfg.warps * 32, cfg.ki * 8
+    if threads % pieces:
+        return False
+    rows_a_pass = threads // pieces
+    return rows_a_pass % 8 == 0 and cfg.ntok % rows_a_pass == 0 and cfg.ntok // rows_a_pass <= 32
+
+
+def smem_bytes(cfg: WgmmaConfig) -> int:
+    stage = cfg.ntok * cfg.ki * mma.K_STEP + cfg.warps * cfg.rt * cfg.ki * 512
+    return cfg.stages * (-(-stage // 1024) * 1024) + 1024  # stages on 1024-byte boundaries
+
+
+def kernel_name(cfg: WgmmaConfig) -> str:
+    return f"trit_wgmma_a8<{cfg.ntok}, {cfg.rt}, {cfg.ki}, {cfg.stages}, {cfg.warps}, {cfg.bufs}>"
+
+
+def _stages(cfg: WgmmaConfig) -> int:
+    """The most stages (up to 6) that fit :data:`wgmma.SMEM_LIMIT`."""
+    return next((st for st in (6, 5, 4, 3) if smem_bytes(replace(cfg, stages=st)) <= wgmma.SMEM_LIMIT), 3)
+
+
+def configs_for(m: int, r: mma.MmaWeights, sms: int) -> list[WgmmaConfig]:
+    """The search space of tuning for M rows of layer ``r``: the token widths :mod:`.wgmma` tries, one or two
+    row tiles a warp, four or eight warps, one or two steps a chunk, K split up to 4 where the blocks are few."""
+    out = []
+    for ntok in wgmma._token_widths(m):
+        for rt in (1, 2):
+            for warps, ki in ((4, 1), (8, 1), (8, 2), (4, 2)):
+                for bufs in (2, 4):
+                    cfg = WgmmaConfig(ntok, rt, ki, 1, 3, warps, bufs)
+                    if not valid(cfg):
+                        continue
+                    blocks, chunks = mma.grid(r.row_tiles, r.k_steps, warps, rt, ki)
+                    blocks *= -(-m // ntok)
+                    out += [replace(cfg, splits=sk, stages=_stages(cfg)) for sk in (1, 2, 4)
+                            if sk == 1 or (sk <= chunks // 2 and blocks * sk <= 4 * sms)]
+    return out
+
+
+def heuristic(m: int, r: mma.MmaWeights, sms: int) -> WgmmaConfig:
+    """A config without tuning: :func:`wgmma.heuristic`'s shape of grid (tokens a block, row tiles a warp, eight
+    warps, K splits to two blocks an SM; four warps for 16 tokens, whose copy takes 16 tokens a pass), one
+    128-input step a chunk, four A-register buffers, as many stages as fit."""
+    cfg = replace(wgmma.heuristic(m, r, sms), ki=1, bufs=4, ws=0)
+    cfg = cfg if valid(cfg) else replace(cfg, warps=4)
+    return replace(cfg, stages=_stages(cfg))
+
+
+def supported(device: torch.device, group_size: int) -> str | None:
+    """Why the kernel cannot run a layer with ``group_size`` on ``device`` (``None``: it can)."""
+    if group_size != fmt.PER_ROW:
+        return f"groups of {group_size}: the int8 wgmma kernel takes one scale a row (a group's scale would fall " \
+               "between its k32 steps)"
+    return wgmma.supported(device)
+
+
+def plan(m: int, r: mma.MmaWeights, config: WgmmaConfig | None, device: torch.device) -> mma.Plan:
+    """How the kernel runs M rows of a layer shaped like ``r`` (``config``, else the heuristic's)."""
+    from trit.kernels.cuda import nvrtc
+    from trit.kernels.triton.device import sm_count
+
+    cfg = config or heuristic(m, r, sm_count())
+    if not valid(cfg):
+        raise ValueError(f"not a wgmma_a8 config: {cfg}")
+    smem = smem_bytes(cfg)
+    kern = nvrtc.load(source(), kernel_name(cfg), (), smem=smem, arch_suffix="a")
+    return mma.gemm_plan(kern, r, cfg.warps, cfg.rt, cfg.ki, cfg.splits, max(1, math.ceil(m / cfg.ntok)), smem)
+
+
+def run(p: mma.Plan, x: torch.Tensor, r: mma.MmaWeights) -> torch.Tensor:
+    """``x`` (M, K) bf16/fp16/fp32 -> (M, N) bf16 as planned: the rounding launch, then the kernel."""
+    kp = r.k_steps * mma.K_STEP
+    q, s, sums = quantize(x, kp)
+    m = x.shape[0]
+    y = torch.empty(m, r.n, dtype=torch.bfloat16, device=x.device)
+    ws, locks = mma.workspace(x.device, m * r.n if p.splits > 1 else 0, p.blocks * p.slices)
+    p.kern.launch((p.blocks, p.splits, p.slices), p.warps * 32, p.smem, SIGNATURE,
+                  (r.wq.data_ptr(), r.sc.data_ptr(), q.data_ptr(), y.data_ptr(), ws.data_ptr(), locks.data_ptr(),
+                   s.data_ptr(), sums.data_ptr(), m, r.n, kp, r.k_steps, r.scale_groups, p.per_split, p.splits))
+    return y
+
+
+def linear(x: torch.Tensor, r: mma.MmaWeights, config: WgmmaConfig | None = None) -> torch.Tensor:
+    """``x`` (M, K) -> W1.58A8 (M, N) bf16 through the int8 wgmma kernel (sm_90, one scale a row)."""
+    if x.dim() != 2 or x.shape[1] != r.k:
+        raise ValueError(f"trit_wgmma_a8 takes x of (M, {r.k}), got {tuple(x.shape)}")
+    why = supported(x.device, r.group_size)
+    if why is not None:
+        raise ValueError(f"trit_wgmma_a8: {why}")
+    return run(plan(x.shape[0], r, config, x.device), x, r)
