@@ -926,6 +926,25 @@ def same_bits() -> str:
     return "\n".join(lines)
 
 
+# the bits budget on the default recipe (data-free GPTQ: 128 sampled windows, three passes), on the same CPU and
+# evaluation windows as SAME_BITS
+SAME_BITS_DEFAULT = (
+    ("bf16", "quality_domains_cpu_rotate.json", "bf16"),
+    ("ternary, one plane, the default (`trit quantize`)", "quality_domains_cpu_rotate.json", "gptq-rotate"),
+    ("ternary, a bits budget of 2.5 (`--bits 2.5`)", "quality_domains_cpu_bits_default.json", "gptq-bits2.5"),
+    ("ternary, a bits budget of 3.0 (`--bits 3.0`)", "quality_domains_cpu_bits_default.json", "gptq-bits3"),
+)
+
+
+def same_bits_default() -> str:
+    """The bits budget on the default recipe: the rows of :data:`SAME_BITS_DEFAULT`."""
+    lines, evaluated = _labelled_rows(SAME_BITS_DEFAULT)
+    lines += ["", f"{evaluated}; SmolLM2-135M-Instruct on this project's 2-core CPU, each quantized row calibrated "
+              "by the default recipe (the residual stream rotated, GPTQ on 128 windows sampled from the model); "
+              "each row against the bf16 row of its own run; the commands are in the files."]
+    return "\n".join(lines)
+
+
 # the README's speed table: kernel runs of one card and date (each a setting: bf16 or int8 activations), and the
 # serve sweep of that card; the model whose four layer shapes are summed
 README_KERNELS = ("kernels_h100_m512.json", "kernels_a8_row_h100.json")
@@ -1126,7 +1145,7 @@ def decode_plots() -> str:
 TABLES = {"kernels": kernels, "kernels-h100": lambda: kernels("kernels_h100_m512.json"),
           "serve-decode": lambda: serve(DECODE_SERVE), "serve-distinct": lambda: serve(DISTINCT_SERVE),
           "serve-sweep": lambda: serve(SWEEP_SERVE), "mma": mma, "speedups": speedups, "serving": serving, "serve": serve,
-          "serve-fresh": lambda: serve(FRESH), "serve-profile": serve_profile, "serve-head": serve_head, "repack": repack, "host-path": host_path, "lm-head": lm_head, "lm-head-speed": lm_head_speed, "layout-scales": layout_scales, "serve-budget": serve_budget, "serve-h100": serve_h100, "plan-vllm": plan_vllm, "cpu": cpu, "cpu-models": cpu_models, "domains": domains, "domains-headline": domains_headline, "same-bits": same_bits,
+          "serve-fresh": lambda: serve(FRESH), "serve-profile": serve_profile, "serve-head": serve_head, "repack": repack, "host-path": host_path, "lm-head": lm_head, "lm-head-speed": lm_head_speed, "layout-scales": layout_scales, "serve-budget": serve_budget, "serve-h100": serve_h100, "plan-vllm": plan_vllm, "cpu": cpu, "cpu-models": cpu_models, "domains": domains, "domains-headline": domains_headline, "same-bits": same_bits, "same-bits-default": same_bits_default,
           "vllm": vllm, "a8": a8, "ptq": ptq, "quality": quality, "decode": decode, "decode-plots": decode_plots,
           "serve-plot": serve_plot, "readme-quality": readme_quality, "readme-speed": readme_speed,
           "llama-cpp-gguf": llama_cpp_gguf}
