@@ -79,11 +79,12 @@ __global__ void __launch_bounds__(NW * 32) trit_wgmma_a8(const U4* __restrict__ 
 
     auto load_stage = [&](int st) {
         const u32 sb = base + st * STAGE;
-        const int xbytes = xk < K ? 16 : 0;
+        const int xbytes = xk < K ? 16 : 0;  // past K (a chunk's tail): zeros, from a valid address
+        const signed char* src = xbytes ? xsrc : x;
+        const long pass = xbytes ? (long)RPP * K : 0;
 #pragma unroll
         for (int p = 0; p < XP; ++p)
-            if (xlive & (1u << p))
-                cp_async16(sb + x_off + p * RPP * 128, xbytes ? xsrc + (long)p * RPP * K : x, xbytes);
+            if (xlive & (1u << p)) cp_async16(sb + x_off + p * RPP * 128, src + p * pass, xbytes);
         STAGE_CODES(sb)
         xsrc += KC;
         xk += KC;
@@ -137,26 +138,39 @@ __global__ void __launch_bounds__(NW * 32) trit_wgmma_a8(const U4* __restrict__ 
 
     // accumulator e of a thread is token tile e / 4, as an m16n8 C fragment: row g (+ 8 for e % 4 >= 2), tokens
     // 2t and 2t + 1; the row's scale is the low (row g) or high (row g + 8) half of its lane's scale word. A token's
-    // sum and scale are read once for all the tiles, the division a fast reciprocal (within 2 ulp: bf16 output).
-    u32 sw[RT];
+    // sum and scale are read once for its four accumulators a tile, the division a fast reciprocal (within 2 ulp:
+    // bf16 output). A block whose tiles and tokens are all in bounds, without split-K, stores without checks.
+    float s_row[RT][2];
 #pragma unroll
-    for (int r = 0; r < RT; ++r) sw[r] = (tile0 + r < NT) ? ldg32(sc + (long)(tile0 + r) * GP * 8 + g) : 0u;
-#pragma unroll
-    for (int e = 0; e < NTOK / 2; ++e) {
-        const int hi = (e >> 1) & 1;
-        const int m = (e >> 2) * 8 + 2 * t + (e & 1);
-        if (m >= M) continue;
-        const int corr = blockIdx.y == 0 ? xsum[m] : 0;
-        const float inv = __fdividef(1.f, xs[m]);
-#pragma unroll
-        for (int r = 0; r < RT; ++r) {
-            const int n = (tile0 + r) * 16 + g + hi * 8;
-            if (n >= N) continue;
-            const float s_row = bf16_to_f32((u16)(hi ? sw[r] >> 16 : sw[r] & 0xFFFFu));
-            const float v = (float)(acc[r][e] - corr) * (s_row * inv);
-            if (splits == 1) y[(long)m * N + n] = f32_to_bf16(v);
-            else red_add(ws + (long)m * N + n, v);
-        }
+    for (int r = 0; r < RT; ++r) {
+        const u32 sw = (tile0 + r < NT) ? ldg32(sc + (long)(tile0 + r) * GP * 8 + g) : 0u;
+        s_row[r][0] = bf16_to_f32((u16)(sw & 0xFFFFu));
+        s_row[r][1] = bf16_to_f32((u16)(sw >> 16));
     }
+    const bool whole = splits == 1 && M == NTOK && (tile0 + RT) * 16 <= N;
+#pragma unroll
+    for (int tt = 0; tt < NTOK / 8; ++tt)
+#pragma unroll
+        for (int lo = 0; lo < 2; ++lo) {
+            const int m = tt * 8 + 2 * t + lo;
+            if (!whole && m >= M) continue;
+            const int corr = blockIdx.y == 0 ? xsum[m] : 0;
+            const float inv = __fdividef(1.f, xs[m]);
+            u16* yrow = y + (long)m * N + tile0 * 16 + g;
+#pragma unroll
+            for (int hi = 0; hi < 2; ++hi)
+#pragma unroll
+                for (int r = 0; r < RT; ++r) {
+                    const float v = (float)(acc[r][tt * 4 + hi * 2 + lo] - corr) * (s_row[r][hi] * inv);
+                    if (whole) {
+                        yrow[r * 16 + hi * 8] = f32_to_bf16(v);
+                        continue;
+                    }
+                    const int n = (tile0 + r) * 16 + g + hi * 8;
+                    if (n >= N) continue;
+                    if (splits == 1) y[(long)m * N + n] = f32_to_bf16(v);
+                    else red_add(ws + (long)m * N + n, v);
+                }
+        }
     if (splits > 1) splitk_finish(y, ws, locks, M, N, NW * RT * 16, splits);
 }
