@@ -65,7 +65,7 @@ def test_shipped_table_names_candidates_and_valid_configs(table: str) -> None:
     assert all(c in names and c.startswith("cuda_") for c in data["choice"].get("mma", {}).values())
     types = {"triton_gemv": gemv.GemvConfig, "triton_gemm": gemm.GemmConfig, "triton_skinny": skinny.SkinnyConfig,
              "cuda_gemv": cuda_gemv.GemvConfig, "cuda_imma": imma.ImmaConfig, "cuda_mma": mma.MmaConfig,
-             "cuda_wgmma": wgmma.WgmmaConfig}
+             "cuda_wgmma": wgmma.WgmmaConfig, "cuda_wgmma_a8": wgmma.WgmmaConfig}
     assert set(data["configs"]) <= set(types) and set(types) <= names
     for kernel, entries in data["configs"].items():
         for cfg in entries.values():
