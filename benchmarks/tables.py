@@ -17,6 +17,7 @@
     python benchmarks/tables.py serve-decode  # from benchmarks/results/serve-decode-h100/*.json
     python benchmarks/tables.py serve-distinct  # from benchmarks/results/serve-distinct-h100/*.json
     python benchmarks/tables.py serve-sweep  # from benchmarks/results/serve-sweep-h100/*.json (the README's)
+    python benchmarks/tables.py serve-a8  # from benchmarks/results/serve-a8-h100/*.json (W1.58A8, the README's)
     python benchmarks/tables.py cpu       # from benchmarks/results/cpu.json (trit bench cpu)
     python benchmarks/tables.py cpu-models  # its end-to-end rows alone (the README's)
     python benchmarks/tables.py domains   # from benchmarks/results/quality_domains_*.json (quality_domains.py)
@@ -53,6 +54,9 @@ DECODE_SERVE = "serve-decode-h100"
 DISTINCT_SERVE = "serve-distinct-h100"
 # every level of Llama-3-8B and Qwen2-1.5B on distinct prompts, each model's two kinds in one invocation (H100s)
 SWEEP_SERVE = "serve-sweep-h100"
+# W1.58A8 served (`--activations int8`): Llama-3-8B's trit weights as a BitNet import holds them, and BitNet 2B4T's
+# shape through the plugin's BitNet model, each against its bf16 twin in one invocation (one H100)
+A8_SERVE = "serve-a8-h100"
 
 
 def kernels(name: str = "kernels.json") -> str:
@@ -742,13 +746,13 @@ def plan_vllm() -> str:
 
 def serve_plot() -> str:
     """One plot of each serve table's runs (``serve/``, ``serve-fresh-h100/``, ``serve-decode-h100/``,
-    ``serve-distinct-h100/``, ``serve-sweep-h100/``): throughput and TPOT against
+    ``serve-distinct-h100/``, ``serve-sweep-h100/``, ``serve-a8-h100/``): throughput and TPOT against
     concurrency, bf16 and trit."""
     sys.path.insert(0, str(SRC))
     from trit.bench.serve import plot
 
     wrote = []
-    for folder in ("serve", FRESH, DECODE_SERVE, DISTINCT_SERVE, SWEEP_SERVE):
+    for folder in ("serve", FRESH, DECODE_SERVE, DISTINCT_SERVE, SWEEP_SERVE, A8_SERVE):
         runs, _, by_level = _serve_runs(folder)
         # one server a model and weight kind, holding the level the table shows at each concurrency
         servers = [{"model": model, "weights": w, "levels": [levels[c][w][1] for c in sorted(levels) if w in levels[c]]}
@@ -974,15 +978,17 @@ def readme_speed() -> str:
             lines.append(f"| kernels, {peer.replace('_', ' ')} ({d['peer_versions'].get('humming', '')}) | "
                          + " | ".join(f"x{by[f'{README_MODEL} M={m}']:.2f}" if f"{README_MODEL} M={m}" in by else "-"
                                       for m in README_COLUMNS) + " |")
-    levels: dict[int, dict[str, float]] = {}
-    for f, run, sv, lv in _serve_levels(README_SERVE):
-        if sv["model"] == README_MODEL and lv.get("output_tokens_per_s"):
-            cards.add(run["device"])
-            files.append(f"`{README_SERVE}/{f.name}`")
-            levels.setdefault(lv["concurrency"], {})[sv["weights"]] = lv["output_tokens_per_s"]
-    lines.append("| vLLM serving, trit (concurrency) | " + " | ".join(
-        f"x{levels[c]['trit'] / levels[c]['bf16']:.2f}" if {"trit", "bf16"} <= set(levels.get(c, {})) else "-"
-        for c in README_COLUMNS) + " |")
+    for folder, label in ((README_SERVE, "trit, bf16 activations, groups of 64"),
+                          (A8_SERVE, "trit, W1.58A8, one scale a row")):
+        levels: dict[int, dict[str, float]] = {}
+        for f, run, sv, lv in _serve_levels(folder):
+            if sv["model"] == README_MODEL and lv.get("output_tokens_per_s"):
+                cards.add(run["device"])
+                files.append(f"`{folder}/{f.name}`")
+                levels.setdefault(lv["concurrency"], {})[sv["weights"]] = lv["output_tokens_per_s"]
+        lines.append(f"| vLLM serving, {label} (concurrency) | " + " | ".join(
+            f"x{levels[c]['trit'] / levels[c]['bf16']:.2f}" if {"trit", "bf16"} <= set(levels.get(c, {})) else "-"
+            for c in README_COLUMNS) + " |")
     lines += ["", f"{', '.join(sorted(c for c in cards if c))}; bf16 cuBLAS time / the kernel's time, CUDA graphs, "
               "weights rotated past the L2; vLLM 0.25.1's OpenAI server, output tokens a second, 512-token prompts "
               f"no server had seen, 256 tokens out. Files: {', '.join(dict.fromkeys(files))} "
@@ -1144,7 +1150,7 @@ def decode_plots() -> str:
 
 TABLES = {"kernels": kernels, "kernels-h100": lambda: kernels("kernels_h100_m512.json"),
           "serve-decode": lambda: serve(DECODE_SERVE), "serve-distinct": lambda: serve(DISTINCT_SERVE),
-          "serve-sweep": lambda: serve(SWEEP_SERVE), "mma": mma, "speedups": speedups, "serving": serving, "serve": serve,
+          "serve-sweep": lambda: serve(SWEEP_SERVE), "serve-a8": lambda: serve(A8_SERVE), "mma": mma, "speedups": speedups, "serving": serving, "serve": serve,
           "serve-fresh": lambda: serve(FRESH), "serve-profile": serve_profile, "serve-head": serve_head, "repack": repack, "host-path": host_path, "lm-head": lm_head, "lm-head-speed": lm_head_speed, "layout-scales": layout_scales, "serve-budget": serve_budget, "serve-h100": serve_h100, "plan-vllm": plan_vllm, "cpu": cpu, "cpu-models": cpu_models, "domains": domains, "domains-headline": domains_headline, "same-bits": same_bits, "same-bits-default": same_bits_default,
           "vllm": vllm, "a8": a8, "ptq": ptq, "quality": quality, "decode": decode, "decode-plots": decode_plots,
           "serve-plot": serve_plot, "readme-quality": readme_quality, "readme-speed": readme_speed,
