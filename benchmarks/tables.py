@@ -949,9 +949,10 @@ def same_bits_default() -> str:
     return "\n".join(lines)
 
 
-# the README's speed table: kernel runs of one card and date (each a setting: bf16 or int8 activations), and the
-# serve sweep of that card; the model whose four layer shapes are summed
-README_KERNELS = ("kernels_h100_m512.json", "kernels_a8_row_h100.json")
+# the README's speed table: kernel runs of one card (each a setting: bf16 or int8 activations; a setting's later
+# files, runs of some M after a retune, give those columns), and the serve sweep of that card; the model whose four
+# layer shapes are summed
+README_KERNELS = (("kernels_h100_m512.json",), ("kernels_a8_row_h100.json", "kernels_a8_row_m64_h100.json"))
 README_SERVE = SWEEP_SERVE
 README_MODEL = "llama3-8b"
 README_COLUMNS = (1, 16, 64, 256, 2048)
@@ -963,19 +964,24 @@ def readme_speed() -> str:
     lines = [f"| {README_MODEL}, x bf16 | " + " | ".join(str(c) for c in README_COLUMNS) + " |",
              "|---|" + "---|" * len(README_COLUMNS)]
     cards, files = set(), []
-    for name in README_KERNELS:
-        d = json.loads((RESULTS / name).read_text())
-        cards.add(d["device"])
-        files.append(f"`{name}`")
+    for names in README_KERNELS:
+        sums: dict[str, float] = {}
+        peers: dict[str, dict[str, float]] = {}
+        for name in names:  # a later file's columns over an earlier one's, trit's and its peers' alike
+            d = json.loads((RESULTS / name).read_text())
+            cards.add(d["device"])
+            files.append(f"`{name}`")
+            sums.update(d["summed_speedup_vs_bf16"])
+            for peer, by in d.get("peers_summed_speedup_vs_bf16", {}).items():
+                peers.setdefault(f"{peer.replace('_', ' ')} ({d['peer_versions'].get('humming', '')})", {}).update(by)
         act = "W1.58A8 (int8 activations)" if d.get("activations") == "int8" else "bf16 activations"
         g = d.get("group_size", 64)
         scale = "one scale a row" if g == -1 else f"groups of {g}"
-        sums = d["summed_speedup_vs_bf16"]
         lines.append(f"| kernels, trit, {act}, {scale} (M rows) | " + " | ".join(
             f"x{sums[f'{README_MODEL} M={m}']:.2f}" if f"{README_MODEL} M={m}" in sums else "-"
             for m in README_COLUMNS) + " |")
-        for peer, by in d.get("peers_summed_speedup_vs_bf16", {}).items():
-            lines.append(f"| kernels, {peer.replace('_', ' ')} ({d['peer_versions'].get('humming', '')}) | "
+        for peer, by in peers.items():
+            lines.append(f"| kernels, {peer} | "
                          + " | ".join(f"x{by[f'{README_MODEL} M={m}']:.2f}" if f"{README_MODEL} M={m}" in by else "-"
                                       for m in README_COLUMNS) + " |")
     for folder, label in ((README_SERVE, "trit, bf16 activations, groups of 64"),
@@ -991,7 +997,8 @@ def readme_speed() -> str:
             for c in README_COLUMNS) + " |")
     lines += ["", f"{', '.join(sorted(c for c in cards if c))}; bf16 cuBLAS time / the kernel's time, CUDA graphs, "
               "weights rotated past the L2; vLLM 0.25.1's OpenAI server, output tokens a second, 512-token prompts "
-              f"no server had seen, 256 tokens out. Files: {', '.join(dict.fromkeys(files))} "
+              "no server had seen, 256 tokens out. A row of two kernel files takes the columns the later one "
+              f"measured from it. Files: {', '.join(dict.fromkeys(files))} "
               "(`benchmarks/results/`, each with its command); `-`: not measured."]
     return "\n".join(lines)
 
