@@ -136,9 +136,7 @@ def refuse_wgmma_a8(p) -> str | None:
     why = _can(p)
     if why is None and not p.act_int8:
         why = "takes int8 activations (W1.58A8) only"
-    if why is None and p.group_size != fmt.PER_ROW:
-        why = f"groups of {p.group_size}: it takes one scale a row (a group's scale would fall between k32 steps)"
-    return why or _wgmma_support(torch.cuda.current_device())
+    return why or wgmma_a8.group_refusal(p.group_size) or _wgmma_support(torch.cuda.current_device())
 
 
 def rule_wgmma_a8(p) -> str | None:

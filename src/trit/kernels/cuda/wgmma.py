@@ -29,17 +29,24 @@ SM_SMEM = 228 * 1024  # shared memory of an SM (sm_90), of which each resident b
 ARCH = (9, 0)  # wgmma.mma_async: sm_90a only (Blackwell has tcgen05 instead)
 
 
-def _wrapper(n: int) -> str:
-    """``wgmma_bf16<n>``: one m64n{n}k16 MMA, A (bf16) from registers, B from shared memory, D += A B in fp32."""
+def wrapper(name: str, n: int, k: int, types: str, acc: str, cons: str, tail: str = "") -> str:
+    """``name<n>``: one m64n{n}k{k} wgmma of ``types`` (D.A.B), A from registers, B from shared memory through a
+    descriptor, D += A B into ``acc`` accumulators (PTX constraint ``cons``); ``tail``: the immediates after the
+    scale-d predicate (bf16's scales and transpose)."""
     d = n // 2
     outs = ", ".join(f"%{i}" for i in range(d))
     body = (f"{{ .reg .pred p; setp.ne.b32 p, %{d + 5}, 0; "
-            f"wgmma.mma_async.sync.aligned.m64n{n}k16.f32.bf16.bf16 {{{outs}}}, "
-            f"{{%{d}, %{d + 1}, %{d + 2}, %{d + 3}}}, %{d + 4}, p, 1, 1, 0; }}")
-    cons = ", ".join(f'"+f"(c[{i}])' for i in range(d))
-    return (f"template <> __device__ __forceinline__ void wgmma_bf16<{n}>(float* c, const u32* a, "
+            f"wgmma.mma_async.sync.aligned.m64n{n}k{k}.{types} {{{outs}}}, "
+            f"{{%{d}, %{d + 1}, %{d + 2}, %{d + 3}}}, %{d + 4}, p{tail}; }}")
+    outs_c = ", ".join(f'"+{cons}"(c[{i}])' for i in range(d))
+    return (f"template <> __device__ __forceinline__ void {name}<{n}>({acc}* c, const u32* a, "
             f"unsigned long long desc) {{\n"
-            f'    asm volatile("{body}" : {cons} : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "l"(desc), "r"(1));\n}}\n')
+            f'    asm volatile("{body}" : {outs_c} : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "l"(desc), "r"(1));\n}}\n')
+
+
+def _wrapper(n: int) -> str:
+    """``wgmma_bf16<n>``: one m64n{n}k16 MMA, A (bf16) from registers, B from shared memory, D += A B in fp32."""
+    return wrapper("wgmma_bf16", n, 16, "f32.bf16.bf16", "float", "f", ", 1, 1, 0")
 
 
 @lru_cache(maxsize=1)

@@ -33,15 +33,7 @@ SIGNATURE = "PPPPPPPPiiiiiii"  # wq, sc, x, y, ws, locks, xs, xsum, then M, N, K
 
 def _wrapper(n: int) -> str:
     """``wgmma_u8s8<n>``: one m64n{n}k32 MMA, A (u8) from registers, B (s8) from shared memory, D += A B in int32."""
-    d = n // 2
-    outs = ", ".join(f"%{i}" for i in range(d))
-    body = (f"{{ .reg .pred p; setp.ne.b32 p, %{d + 5}, 0; "
-            f"wgmma.mma_async.sync.aligned.m64n{n}k32.s32.u8.s8 {{{outs}}}, "
-            f"{{%{d}, %{d + 1}, %{d + 2}, %{d + 3}}}, %{d + 4}, p; }}")
-    cons = ", ".join(f'"+r"(c[{i}])' for i in range(d))
-    return (f"template <> __device__ __forceinline__ void wgmma_u8s8<{n}>(int* c, const u32* a, "
-            f"unsigned long long desc) {{\n"
-            f'    asm volatile("{body}" : {cons} : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "l"(desc), "r"(1));\n}}\n')
+    return wgmma.wrapper("wgmma_u8s8", n, 32, "s32.u8.s8", "int", "r")
 
 
 @lru_cache(maxsize=1)
@@ -158,12 +150,17 @@ def heuristic(m: int, r: mma.MmaWeights, sms: int) -> WgmmaConfig:
     return replace(cfg, stages=_stages(cfg))
 
 
-def supported(device: torch.device, group_size: int) -> str | None:
-    """Why the kernel cannot run a layer with ``group_size`` on ``device`` (``None``: it can)."""
+def group_refusal(group_size: int) -> str | None:
+    """Why the kernel cannot run a layer of ``group_size`` on any device (``None``: it can)."""
     if group_size != fmt.PER_ROW:
         return f"groups of {group_size}: the int8 wgmma kernel takes one scale a row (a group's scale would fall " \
                "between its k32 steps)"
-    return wgmma.supported(device)
+    return None
+
+
+def supported(device: torch.device, group_size: int) -> str | None:
+    """Why the kernel cannot run a layer with ``group_size`` on ``device`` (``None``: it can)."""
+    return group_refusal(group_size) or wgmma.supported(device)
 
 
 def plan(m: int, r: mma.MmaWeights, config: WgmmaConfig | None, device: torch.device) -> mma.Plan:
