@@ -80,6 +80,27 @@ __device__ __forceinline__ u32 x_piece(int kc, int row) {
         }                                                                                                         \
     }
 
+// The stage ring of trit_wgmma and trit_wgmma_a8, around a kernel's own load_stage(st) and chunk loop over c in
+// [c0, c1): WGMMA_RING_FILL loads the first ST - 2 chunks; WGMMA_RING_NEXT, first in the loop, waits for chunk c,
+// fences the copies for the async proxy, and behind a barrier (every wgmma of chunk c - 2 has retired) refills the
+// stage that chunk read with chunk c + ST - 2, leaving sb (chunk c's stage) and dlo (its descriptors' low word).
+// Macros, as WGMMA_CHUNK: each kernel's SASS stays what it was when it held its own copy.
+#define WGMMA_RING_FILL                                                                                          \
+    _Pragma("unroll") for (int s = 0; s < ST - 2; ++s) {                                                          \
+        if (c0 + s < c1) load_stage(s);                                                                           \
+        cp_async_commit();                                                                                        \
+    }                                                                                                             \
+    int st_use = 0, st_fill = ST - 2;
+#define WGMMA_RING_NEXT                                                                                          \
+    cp_async_wait<ST - 3>();                                                                                      \
+    fence_proxy_async();                                                                                          \
+    __syncthreads();                                                                                              \
+    if (c + ST - 2 < c1) load_stage(st_fill);                                                                     \
+    cp_async_commit();                                                                                            \
+    st_fill = st_fill == ST - 1 ? 0 : st_fill + 1;                                                                \
+    const u32 sb = base + st_use * STAGE, dlo = smem_desc_lo(sb);                                                 \
+    st_use = st_use == ST - 1 ? 0 : st_use + 1;
+
 // The accumulators out: accumulator e of a thread is token tile e / 4, as an m16n8 C fragment: row g (+ 8 for
 // e % 4 >= 2), tokens 2t and 2t + 1; bf16 into y, or added into the split-K workspace.
 #define WGMMA_STORE                                                                                               \
@@ -174,22 +195,10 @@ __global__ void __launch_bounds__(NW * 32) trit_wgmma(const U4* __restrict__ wq,
         step += KI;
     };
 
-#pragma unroll
-    for (int s = 0; s < ST - 2; ++s) {
-        if (c0 + s < c1) load_stage(s);
-        cp_async_commit();
-    }
+    WGMMA_RING_FILL
     u32 a[AB][RT][4];
-    int st_use = 0, st_fill = ST - 2;
     for (int c = c0; c < c1; ++c) {
-        cp_async_wait<ST - 3>();
-        fence_proxy_async();
-        __syncthreads();  // chunk c is in; every wgmma of chunk c - 2 (stage st_fill) has retired
-        if (c + ST - 2 < c1) load_stage(st_fill);
-        cp_async_commit();
-        st_fill = st_fill == ST - 1 ? 0 : st_fill + 1;
-        const u32 sb = base + st_use * STAGE, dlo = smem_desc_lo(sb);
-        st_use = st_use == ST - 1 ? 0 : st_use + 1;
+        WGMMA_RING_NEXT
         WGMMA_CHUNK(warp, )
     }
     wgmma_wait<0>();

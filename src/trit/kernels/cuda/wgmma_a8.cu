@@ -91,22 +91,10 @@ __global__ void __launch_bounds__(NW * 32) trit_wgmma_a8(const U4* __restrict__ 
         step += KI;
     };
 
-#pragma unroll
-    for (int s = 0; s < ST - 2; ++s) {
-        if (c0 + s < c1) load_stage(s);
-        cp_async_commit();
-    }
+    WGMMA_RING_FILL
     u32 a[AB][RT][4];
-    int st_use = 0, st_fill = ST - 2;
     for (int c = c0; c < c1; ++c) {
-        cp_async_wait<ST - 3>();
-        fence_proxy_async();
-        __syncthreads();  // chunk c is in; every wgmma of chunk c - 2 (stage st_fill) has retired
-        if (c + ST - 2 < c1) load_stage(st_fill);
-        cp_async_commit();
-        st_fill = st_fill == ST - 1 ? 0 : st_fill + 1;
-        const u32 sb = base + st_use * STAGE, dlo = smem_desc_lo(sb);
-        st_use = st_use == ST - 1 ? 0 : st_use + 1;
+        WGMMA_RING_NEXT
 #pragma unroll
         for (int i = 0; i < KI; ++i) {
             if (c * KI + i >= KS) break;
