@@ -111,6 +111,9 @@ HEALED = {
     "healed-random-first-4096": ("gptq", ["--sample-first", "random", "--train-samples", "4096"]),
     "healed-random-first-4096-7200": ("gptq", ["--sample-first", "random", "--train-samples", "4096",
                                                "--steps", "7200"]),
+    # heal's defaults on a bits budget's mix of one and two planes
+    "healed-bits2.5": ("gptq-bits2.5", []),
+    "healed-bits3": ("gptq-bits3", []),
 }
 
 

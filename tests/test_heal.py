@@ -212,7 +212,7 @@ def test_unfreeze_starts_from_the_fixed_codes_and_new_scales(pair) -> None:
     _, ckpt = pair
     layer = QATLinear(runtime.load(ckpt, device="cpu").model.model.layers[0].mlp.up_proj)
     layer.freeze()
-    t0 = layer.frozen.clone()
+    t0 = layer.frozen[0].clone()
     with torch.no_grad():
         layer.scale.mul_(2.5)  # a scale that grew: rounding the old weight by it zeroes every code
         naive = torch.round(layer.weight.view(t0.shape) / layer.scale.abs()[:, :, None]).clamp(-1, 1)
@@ -277,6 +277,53 @@ def test_heal_refuses_bad_options_before_writing(pair, tmp_path: Path, change: d
     with pytest.raises(ConvertError, match=f"heal {flag} "):
         heal(ckpt, teacher, tmp_path / "out", dataclasses.replace(OPTS, **change), progress=False)
     assert not (tmp_path / "out").exists()
+
+
+@pytest.fixture(scope="module")
+def planes(pair, tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path]:
+    """Two planes in every layer (``--planes 2``), and a bits budget's mix of one and two (``--bits 3``)."""
+    from trit.configs import CalibConfig, GPTQConfig
+
+    root = tmp_path_factory.mktemp("heal-planes")
+    calib = CalibConfig(samples=4, seq_len=32, batch=4, cache=False)
+    convert(pair[0], root / "two", AbsmeanConfig(32, planes=2), progress=False, log=lambda s: None)
+    convert(pair[0], root / "bits", GPTQConfig(32, calib=calib, bits=3.0), progress=False, log=lambda s: None)
+    return {"two": root / "two", "bits": root / "bits"}
+
+
+@pytest.mark.parametrize("kind", ["two", "bits"])
+def test_heal_of_several_planes_starts_at_the_checkpoint_and_trains_each(pair, planes, tmp_path: Path,
+                                                                         kind: str) -> None:
+    """A layer of two trit-planes trains both (the second's codes move too) and writes both; step 0 is the
+    checkpoint exactly; the layers of one plane in a bits budget's mix stay one plane."""
+    from trit import format as fmt
+    from trit.heal import _swap_in_qat
+
+    teacher, ckpt = pair[0], planes[kind]
+    source = runtime.load(ckpt, device="cpu")
+    ids = torch.randint(3, 90, (2, 16))
+    with torch.no_grad():
+        before = source.model(ids).logits
+        qat = _swap_in_qat(runtime.load(ckpt, device="cpu").model)
+    two = {name for name, m in qat.items() if m.planes == 2}
+    assert two and (kind == "two") == (len(two) == len(qat))
+    model = runtime.load(ckpt, device="cpu").model
+    _swap_in_qat(model)
+    with torch.no_grad():
+        torch.testing.assert_close(model(ids).logits, before, rtol=1e-5, atol=1e-5)
+
+    report = heal(ckpt, teacher, tmp_path / "healed", OPTS, progress=False, log=lambda s: None)
+    assert report.best[1] < 0.9 * report.heldout[0][1] and report.best[0] > 0
+    assert audit(tmp_path / "healed").ok
+    healed = runtime.load(tmp_path / "healed", device="cpu")
+    assert healed.trit_config == source.trit_config
+    moved = {suffix: 0 for pair_ in fmt.plane_suffixes(2) for suffix in pair_[:1]}
+    for name in two:
+        new, old = healed.model.get_submodule(name), source.model.get_submodule(name)
+        assert new.planes == 2
+        for packed, _ in fmt.plane_suffixes(2):
+            moved[packed] += int(not torch.equal(getattr(new, packed), getattr(old, packed)))
+    assert all(moved.values()), moved  # codes of both planes moved somewhere
 
 
 def test_heal_refuses_a_float_checkpoint(pair, tmp_path: Path) -> None:

@@ -336,7 +336,7 @@ def _heal_parser(sub) -> None:
                  "held-out KL is written. Data-free by default (sequences the teacher samples); --data TEXT trains\n"
                  "on text, --mix-sampled N adds sampled sequences to it.",
                  "trit heal ./smollm2-trit ./smollm2-healed --teacher ./SmolLM2-135M")
-    h.add_argument("ckpt", type=Path, help="a trit checkpoint (one plane)")
+    h.add_argument("ckpt", type=Path, help="a trit checkpoint (each trit-plane's codes and scales train)")
     h.add_argument("out_dir", type=Path)
     h.add_argument("--teacher", type=Path, required=True, help="the float checkpoint it was made from")
     h.add_argument("--steps", type=int, default=d.steps, help="steps of the main phase (codes free)")

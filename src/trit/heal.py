@@ -1,8 +1,9 @@
 """``trit heal``: short quantization-aware distillation of a ternary checkpoint from its float teacher.
 
-The student starts exactly at the ternary checkpoint: each ternary layer gets
-a float master weight equal to its dequantized weight and a trainable copy of
-its group scales. The forward pass re-quantizes the master weight to
+The student starts exactly at the ternary checkpoint: each trit-plane of each
+ternary layer gets a float master weight equal to its dequantized weight and a
+trainable copy of its group scales (a layer of two planes, as ``--planes 2``
+or a bits budget writes, trains both, summed). The forward pass re-quantizes the master weight to
 ``scale * clamp(round(W / scale), -1, 1)`` with a straight-through estimator
 for the rounding, so step 0 reproduces the checkpoint's outputs. The scale
 learns through the product only, the codes taken as constants: LSQ's gradient
@@ -80,57 +81,84 @@ class HealReport:
 
 
 class QATLinear(nn.Module):
-    """A ternary layer in training: float master weight and group scales, re-quantized every forward."""
+    """A ternary layer in training: each trit-plane's float master weight and group scales, re-quantized every
+    forward; the layer's weight is the planes' sum. Plane 1's are ``weight`` and ``scale``, plane p's ``weight_p``
+    and ``scale_p``: each plane starts on its own grid, so step 0 is the checkpoint exactly, and each learns
+    through the sum (its codes flip once its own weight has moved half its own scale)."""
 
     def __init__(self, layer: TritLinear):
         super().__init__()
         self.in_features, self.out_features, self.group_size = layer.in_features, layer.out_features, layer.group_size
-        w = fmt.dequantize(layer.weight_packed, layer.weight_scale)
-        self.weight = nn.Parameter(w)  # (N, K_pad) f32, on the grid at the start
-        self.scale = nn.Parameter(layer.weight_scale.float().clone())  # (N, G)
+        self.planes = layer.planes
+        for p, (packed_name, scale_name) in enumerate(fmt.plane_suffixes(layer.planes)):
+            packed, scale = getattr(layer, packed_name), getattr(layer, scale_name)
+            weight_name, scale_param = self._names(p)
+            # (N, K_pad) f32, on the grid at the start; (N, G) scales
+            self.register_parameter(weight_name, nn.Parameter(fmt.dequantize(packed, scale)))
+            self.register_parameter(scale_param, nn.Parameter(scale.float().clone()))
         self.bias = layer.bias
         self.scale_dtype = layer.weight_scale.dtype
-        self.frozen: torch.Tensor | None = None  # (N, G, g) fixed codes once freeze() is called
+        self.frozen: list[torch.Tensor] | None = None  # each plane's fixed codes (N, G, g) once freeze() is called
+
+    @staticmethod
+    def _names(plane: int) -> tuple[str, str]:
+        return ("weight", "scale") if plane == 0 else (f"weight_{plane + 1}", f"scale_{plane + 1}")
+
+    def weights(self) -> list[nn.Parameter]:
+        return [getattr(self, self._names(p)[0]) for p in range(self.planes)]
+
+    def scales(self) -> list[nn.Parameter]:
+        return [getattr(self, self._names(p)[1]) for p in range(self.planes)]
 
     def freeze(self) -> None:
         """Fix the codes: from now on only the scales learn, with the codes as constants (``d(t a)/da = t``)."""
-        self.frozen = self.codes()[0].detach()
-        self.weight.requires_grad_(False)
+        self.frozen = [self.codes(p)[0].detach() for p in range(self.planes)]
+        for w in self.weights():
+            w.requires_grad_(False)
 
     def unfreeze(self) -> None:
         """Let the codes move again, from the grid point of the fixed codes and the scales learned meanwhile."""
         if self.frozen is None:
             return
         with torch.no_grad():
-            t, a = self.codes()
-            self.weight.copy_((t * a).view(self.weight.shape))
+            grid = [self.codes(p) for p in range(self.planes)]
+            for w, (t, a) in zip(self.weights(), grid):
+                w.copy_((t * a).view(w.shape))
         self.frozen = None
-        self.weight.requires_grad_(True)
+        for w in self.weights():
+            w.requires_grad_(True)
 
-    def codes(self) -> tuple[torch.Tensor, torch.Tensor]:  # (N, G, g) in {-1, 0, 1} float, scales (N, G, 1)
-        n, k_pad = self.weight.shape
-        a = self.scale.abs().clamp(min=1e-8)[:, :, None]
+    def codes(self, plane: int = 0) -> tuple[torch.Tensor, torch.Tensor]:
+        """A plane's codes (N, G, g) in {-1, 0, 1} float and scales (N, G, 1)."""
+        weight, scale = self.weights()[plane], self.scales()[plane]
+        a = scale.abs().clamp(min=1e-8)[:, :, None]
         if self.frozen is not None:
-            return self.frozen, a
-        r = self.weight.view(n, a.shape[1], -1) / a.detach()  # the scale learns through t * a, as frozen codes do
+            return self.frozen[plane], a
+        r = weight.view(weight.shape[0], a.shape[1], -1) / a.detach()  # the scale learns through t * a
         t = torch.clamp(r + (torch.round(r) - r).detach(), -1, 1)  # straight-through rounding
         return t, a
 
     def quantized_weight(self) -> torch.Tensor:
-        t, a = self.codes()
-        return (t * a).view(self.weight.shape)[:, : self.in_features]
+        w = None
+        for p in range(self.planes):
+            t, a = self.codes(p)
+            w = t * a if w is None else w + t * a
+        return w.view(self.weight.shape)[:, : self.in_features]
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         return F.linear(x, self.quantized_weight().to(x.dtype), None if self.bias is None else self.bias.to(x.dtype))
 
-    def export(self) -> tuple[torch.Tensor, torch.Tensor]:
-        """``(weight_packed (N, K_pad // 4) uint8, weight_scale (N, G))`` in the checkpoint's dtype."""
+    def export(self) -> list[tuple[torch.Tensor, torch.Tensor]]:
+        """Each plane's ``(weight_packed (N, K_pad // 4) uint8, weight_scale (N, G))`` in the checkpoint's dtype."""
+        out = []
         with torch.no_grad():
-            t, a = self.codes()
-            packed = fmt.pack(t.view(self.weight.shape).round().to(torch.int8)).cpu()
-            scale = fmt.to_scale(a[:, :, 0].float(), fmt.ScaleDtype(str(self.scale_dtype).removeprefix("torch.")),
-                                 "heal").cpu()
-        return packed, scale
+            for p in range(self.planes):
+                t, a = self.codes(p)
+                packed = fmt.pack(t.view(self.weight.shape).round().to(torch.int8)).cpu()
+                scale = fmt.to_scale(a[:, :, 0].float(), fmt.ScaleDtype(str(self.scale_dtype).removeprefix("torch.")),
+                                     "heal").cpu()
+                out.append((packed, scale))
+        return out
 
 
 def _swap_in_qat(model: nn.Module) -> dict[str, QATLinear]:
@@ -210,9 +238,6 @@ def heal(
     loaded = runtime.load(ckpt_dir, device=device, dtype=torch.float32, warm=False, lm_head="stored")  # it trains
     if loaded.trit_config is None:
         raise ConvertError(f"{ckpt_dir}: not a trit checkpoint (heal starts from a ternary model)")
-    if loaded.trit_config.max_planes != 1:
-        raise ConvertError(f"{ckpt_dir}: heal trains one-plane checkpoints; this one has layers of "
-                           f"{loaded.trit_config.max_planes}")
     teacher = AutoModelForCausalLM.from_pretrained(teacher_dir, dtype=torch.float32).to(device).eval()
     teacher.requires_grad_(False)
     amp = (lambda: torch.autocast("cuda", dtype=torch.bfloat16)) if _is_cuda(device) else nullcontext
@@ -335,7 +360,7 @@ def _snapshot(student: nn.Module, qat: dict[str, QATLinear]) -> tuple[dict, dict
         if alias not in copies:
             copies[alias] = v.detach().to("cpu", copy=True)
         state[k] = copies[alias]
-    return state, {name: None if m.frozen is None else m.frozen.clone() for name, m in qat.items()}
+    return state, {name: None if m.frozen is None else [t.clone() for t in m.frozen] for name, m in qat.items()}
 
 
 def _restore(student: nn.Module, qat: dict[str, QATLinear], snapshot: tuple[dict, dict]) -> None:
@@ -355,8 +380,8 @@ def _phase_setup(student: nn.Module, qat: dict[str, QATLinear], opts: HealConfig
             m.freeze()
         else:
             m.unfreeze()
-    scales = [m.scale for m in qat.values()] + [p for n, p in student.named_parameters() if "norm" in n]
-    weights = [] if freeze else [m.weight for m in qat.values()]
+    scales = [s for m in qat.values() for s in m.scales()] + [p for n, p in student.named_parameters() if "norm" in n]
+    weights = [] if freeze else [w for m in qat.values() for w in m.weights()]
     if opts.train_embeddings:
         embeddings = (student.get_input_embeddings(), student.get_output_embeddings())  # a ternary lm_head: not here
         weights += list({id(e.weight): e.weight for e in embeddings if e is not None and not isinstance(e, QATLinear)
@@ -384,10 +409,10 @@ def _write(loaded, qat: dict[str, QATLinear], student: nn.Module, out: Path, pro
 
     def transform(name: str, tensor: torch.Tensor) -> dict[str, torch.Tensor]:
         module, leaf = name.rsplit(".", 1)
-        if module in exported and leaf == fmt.PACKED_SUFFIX:
-            return {name: exported[module][0]}
-        if module in exported and leaf == fmt.SCALE_SUFFIX:
-            return {name: exported[module][1]}
+        if module in exported:
+            for (packed, scale), suffixes in zip(exported[module], fmt.plane_suffixes(len(exported[module]))):
+                if leaf in suffixes:
+                    return {name: packed if leaf == suffixes[0] else scale}
         if name in params:
             return {name: params[name].to(tensor.dtype)}
         return {name: tensor.contiguous()}
