@@ -80,6 +80,28 @@ __device__ __forceinline__ u32 x_piece(int kc, int row) {
         }                                                                                                         \
     }
 
+// The x copy of trit_wgmma and trit_wgmma_a8 (T: an input's type, EPP inputs a 16-byte piece): thread T copies
+// piece kc = T % CPR of tokens T / CPR + p RPP (p < XP), to atom kc / 8, piece (kc % 8) ^ (token % 8): RPP is a
+// multiple of 8, so the piece is the same in every pass. Rows past M are zeroed in every stage once, here; xsrc and
+// xk are the next chunk's source and its first input. A macro, as WGMMA_CHUNK.
+#define WGMMA_X_COPY(T, EPP)                                                                                      \
+    constexpr int CPR = KC / (EPP), RPP = NTH / CPR, XP = NTOK / RPP;                                             \
+    static_assert(NTH % CPR == 0 && RPP % 8 == 0 && NTOK % RPP == 0 && XP >= 1 && XP <= 32,                       \
+                  "passes of the x copy cover NTOK");                                                             \
+    const int kc = threadIdx.x % CPR, n0 = threadIdx.x / CPR, kv = kc * (EPP);                                    \
+    const u32 x_off = x_piece<NTOK>(kc, n0);                                                                      \
+    u32 xlive = 0;                                                                                                \
+    _Pragma("unroll") for (int p = 0; p < XP; ++p) {                                                              \
+        const int row = n0 + p * RPP;                                                                             \
+        if (row < M) xlive |= 1u << p;                                                                            \
+        else                                                                                                      \
+            _Pragma("unroll") for (int st = 0; st < ST; ++st) asm volatile(                                       \
+                "st.shared.v4.u32 [%0], {%1, %1, %1, %1};" ::"r"(base + st * STAGE + x_off + p * RPP * 128),      \
+                "r"(0u));                                                                                         \
+    }                                                                                                             \
+    const T* xsrc = x + (long)n0 * K + kv + (long)c0 * KC;                                                        \
+    int xk = c0 * KC + kv;
+
 // The stage ring of trit_wgmma and trit_wgmma_a8, around a kernel's own load_stage(st) and chunk loop over c in
 // [c0, c1): WGMMA_RING_FILL loads the first ST - 2 chunks; WGMMA_RING_NEXT, first in the loop, waits for chunk c,
 // fences the copies for the async proxy, and behind a barrier (every wgmma of chunk c - 2 has retired) refills the
@@ -158,25 +180,7 @@ __global__ void __launch_bounds__(NW * 32) trit_wgmma(const U4* __restrict__ wq,
     for (int r = 0; r < RT; ++r)
         row_scale[r] = (GS == 0 && tile0 + r < NT) ? ldg32(sc + (long)(tile0 + r) * GP * 8 + g) : 0u;
 
-    // x: thread T copies the 16-byte piece kc = T % (KC / 8) of tokens T / (KC / 8) + p RPP (p < XP), to atom
-    // kc / 8, piece (kc % 8) ^ (token % 8): RPP is a multiple of 8, so the piece is the same in every pass.
-    constexpr int CPR = KC / 8, RPP = NTH / CPR, XP = NTOK / RPP;
-    static_assert(RPP % 8 == 0 && NTOK % RPP == 0 && XP >= 1 && XP <= 32, "passes of the x copy cover NTOK");
-    const int kc = threadIdx.x % CPR, n0 = threadIdx.x / CPR, kv = kc * 8;
-    const u32 x_off = x_piece<NTOK>(kc, n0);
-    u32 xlive = 0;
-#pragma unroll
-    for (int p = 0; p < XP; ++p) {
-        const int row = n0 + p * RPP;
-        if (row < M) xlive |= 1u << p;
-        else
-#pragma unroll
-            for (int st = 0; st < ST; ++st)
-                asm volatile("st.shared.v4.u32 [%0], {%1, %1, %1, %1};" ::"r"(base + st * STAGE + x_off + p * RPP * 128),
-                             "r"(0u));
-    }
-    const u16* xsrc = x + (long)n0 * K + kv + (long)c0 * KC;
-    int xk = c0 * KC + kv;
+    WGMMA_X_COPY(u16, 8)
     CODE_SOURCES
     int step = c0 * KI;
     const u32 w_off = X_BYTES + ((warp * RT) * KI * 32 + lane) * 16;

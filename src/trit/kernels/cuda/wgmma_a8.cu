@@ -50,26 +50,7 @@ __global__ void __launch_bounds__(NW * 32) trit_wgmma_a8(const U4* __restrict__ 
 #pragma unroll
         for (int e = 0; e < NTOK / 2; ++e) acc[r][e] = 0;
 
-    // x: thread T copies the 16-byte piece kc = T % (KC / 16) of tokens T / (KC / 16) + p RPP (p < XP), to atom
-    // kc / 8, piece (kc % 8) ^ (token % 8): RPP is a multiple of 8, so the piece is the same in every pass.
-    constexpr int CPR = KC / 16, RPP = NTH / CPR, XP = NTOK / RPP;
-    static_assert(NTH % CPR == 0 && RPP % 8 == 0 && NTOK % RPP == 0 && XP >= 1 && XP <= 32,
-                  "passes of the x copy cover NTOK");
-    const int kc = threadIdx.x % CPR, n0 = threadIdx.x / CPR;
-    const u32 x_off = x_piece<NTOK>(kc, n0);
-    u32 xlive = 0;
-#pragma unroll
-    for (int p = 0; p < XP; ++p) {
-        const int row = n0 + p * RPP;
-        if (row < M) xlive |= 1u << p;
-        else
-#pragma unroll
-            for (int st = 0; st < ST; ++st)
-                asm volatile("st.shared.v4.u32 [%0], {%1, %1, %1, %1};" ::"r"(base + st * STAGE + x_off + p * RPP * 128),
-                             "r"(0u));
-    }
-    const signed char* xsrc = x + (long)n0 * K + kc * 16 + (long)c0 * KC;
-    int xk = c0 * KC + kc * 16;
+    WGMMA_X_COPY(signed char, 16)
     CODE_SOURCES
     int step = c0 * KI;
     const u32 w_off = X_BYTES + ((warp * RT) * KI * 32 + lane) * 16;
