@@ -94,6 +94,18 @@ __device__ __forceinline__ u32 splat_hi(u32 v) {
     return d;
 }
 
+// A block's coordinates (trit_mma, trit_wgmma, trit_wgmma_a8): lane and warp, the lane's row group g and pair t
+// in an MMA fragment, the layout's 16-row tiles NT and this warp's first tile0, and the chunks [c0, c1) of K its
+// split takes.
+#define BLOCK_COORDS                                                                                        \
+    const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;                                             \
+    const int g = lane >> 2, t = lane & 3;                                                                  \
+    const int NT = (N + 15) >> 4;                                                                           \
+    const int tile0 = (blockIdx.x * NW + warp) * RT;                                                        \
+    const int nchunks = (KS + KI - 1) / KI;                                                                 \
+    const int c0 = blockIdx.y * chunks_per_split;                                                           \
+    const int c1 = min(nchunks, c0 + chunks_per_split);
+
 // This block's slice of tokens (the grid's third dimension): rows ROWS z to ROWS (z + 1) of x, y and the
 // workspace, its row blocks' counters, and M cut to the rows it holds (trit_mma, trit_wgmma, trit_wgmma_ws).
 #define TOKEN_SLICE(ROWS)                                                                                   \
@@ -164,13 +176,7 @@ __global__ void __launch_bounds__(NW * 32) trit_mma(const U4* __restrict__ wq, c
     extern __shared__ __align__(16) unsigned char smem[];  // [ST][x | codes | scales]
 
     TOKEN_SLICE(ROWS)
-    const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
-    const int g = lane >> 2, t = lane & 3;
-    const int NT = (N + 15) >> 4;
-    const int tile0 = (blockIdx.x * NW + warp) * RT;
-    const int nchunks = (KS + KI - 1) / KI;
-    const int c0 = blockIdx.y * chunks_per_split;
-    const int c1 = min(nchunks, c0 + chunks_per_split);
+    BLOCK_COORDS
     const u32 mask = 0x00030003u | (u32)(M >> 30);  // M < 2^30: the constant, opaque to the compiler
     const u32 base = smem_addr(smem);
 

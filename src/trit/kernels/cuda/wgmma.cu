@@ -159,13 +159,7 @@ __global__ void __launch_bounds__(NW * 32) trit_wgmma(const U4* __restrict__ wq,
     extern __shared__ __align__(128) unsigned char smem[];  // [ST][x | codes | scales], from a 1024-byte boundary
 
     TOKEN_SLICE(NTOK)
-    const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
-    const int g = lane >> 2, t = lane & 3;
-    const int NT = (N + 15) >> 4;
-    const int tile0 = (blockIdx.x * NW + warp) * RT;
-    const int nchunks = (KS + KI - 1) / KI;
-    const int c0 = blockIdx.y * chunks_per_split;
-    const int c1 = min(nchunks, c0 + chunks_per_split);
+    BLOCK_COORDS
     const u32 mask = 0x00030003u | (u32)(M >> 30);
     const u32 base = (smem_addr(smem) + 1023) & ~1023u;
 
