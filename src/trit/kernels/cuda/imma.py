@@ -150,13 +150,8 @@ def emulate_fragments(x: torch.Tensor, r: mma.MmaWeights) -> torch.Tensor:
     for tok in range(m):
         rec[:, off[:, tok].reshape(-1)] = ((steps[tok] >> 8) & 0xFF).reshape(r.k_steps, -1)  # hi, a byte
         rec[:, off[:, tok].reshape(-1) + 8] = (steps[tok] & 0xFF).reshape(r.k_steps, -1)  # lo
-    lane = torch.arange(32)
-    g, t = lane >> 2, lane & 3
-    q, b = torch.arange(4)[:, None], torch.arange(4)[None, :]
     # A[row, kappa] from lane (g, t), register q, byte b; B[kappa, col] from lane (g', t'), register h, byte b
-    a_row = (g[:, None, None] + 8 * (q & 1)).expand(32, 4, 4)
-    a_kap = (4 * t[:, None, None] + b + 16 * (q >> 1)).expand(32, 4, 4)
-    a_bit = (2 * q + 8 * b).expand(4, 4)
+    a_row, a_kap, a_bit = mma.k32_a_fragment()
     words = r.wq.cpu().long() & 0xFFFFFFFF  # (NT, KS, 32 lanes, 4 words)
     out = torch.zeros(m, r.row_tiles * 16, r.k_steps * 4, dtype=torch.long)
     for j in range(4):

@@ -144,6 +144,19 @@ def layout_codes(r: MmaWeights) -> torch.Tensor:
     return codes.permute(0, 2, 1, 3).reshape(nt * ROW_TILE, ks * K_STEP)
 
 
+def k32_a_fragment() -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """Where a layout word's codes sit in an int8 ``k32`` A fragment (``mma.sync`` m16n8k32, and wgmma's register
+    A): for lane (g, t), register q (``(w >> 2q) & 0x03030303``) and byte b, the row ``g + 8 (q % 2)`` and the
+    position ``4t + b + 16 (q // 2)`` (each (32, 4, 4)), and the word's bit ``2q + 8b`` (4, 4) that starts the
+    code."""
+    lane = torch.arange(32)
+    g, t = lane >> 2, lane & 3
+    q, b = torch.arange(4)[:, None], torch.arange(4)[None, :]
+    rows = (g[:, None, None] + 8 * (q & 1)).expand(32, 4, 4)
+    positions = (4 * t[:, None, None] + b + 16 * (q >> 1)).expand(32, 4, 4)
+    return rows, positions, (2 * q + 8 * b).expand(4, 4)
+
+
 def layout_scales(r: MmaWeights) -> torch.Tensor:
     """The scales (NT 16, GP) float32 as the layout holds them (bf16 values), padding included."""
     sw = r.sc.to(torch.int64) & 0xFFFFFFFF  # (NT, GP, 8)

@@ -78,12 +78,7 @@ def emulate(x: torch.Tensor, r: mma.MmaWeights) -> torch.Tensor:
     then the epilogue's correction and scales."""
     q, s, sums = quantize_reference(x.float().cpu(), r.k_steps * mma.K_STEP)
     m = q.shape[0]
-    lane = torch.arange(32)
-    g, t = lane >> 2, lane & 3
-    reg, byte = torch.arange(4)[:, None], torch.arange(4)[None, :]
-    rows = (g[:, None, None] + 8 * (reg & 1)).expand(32, 4, 4)
-    pos = (4 * t[:, None, None] + byte + 16 * (reg >> 1)).expand(32, 4, 4)
-    bits = (2 * reg + 8 * byte).expand(4, 4)
+    rows, pos, bits = mma.k32_a_fragment()
     words = r.wq.cpu().long() & 0xFFFFFFFF  # (NT, KS, 32 lanes, 4 words)
     a = torch.zeros(r.row_tiles, r.k_steps, 4, 16, 32, dtype=torch.long)  # (tile, step, word, row, position)
     for j in range(4):
