@@ -168,9 +168,11 @@ def _tuned(name: str, x2: torch.Tensor, r: mma.MmaWeights, config_type):
     return cfg
 
 
-def _planned(name: str, plan, config_type, x: torch.Tensor, r: mma.MmaWeights, bias: torch.Tensor | None):
+def _planned(name: str, plan, config_type, x: torch.Tensor, r: mma.MmaWeights, bias: torch.Tensor | None,
+             run=None):
     """Each problem's launch (config, kernel, grid: mma.Plan) is worked out on its first call and kept in
-    :func:`trit.kernels.tuning.memo`; the host's work a call is then the launch itself."""
+    :func:`trit.kernels.tuning.memo`; the host's work a call is then the launch itself (``run``: the module's
+    own where a kernel launches more than the one kernel; else :func:`mma.run`)."""
     x2 = _flat(x)
     mma.check_x(x2, r, name)
 
@@ -180,7 +182,7 @@ def _planned(name: str, plan, config_type, x: torch.Tensor, r: mma.MmaWeights, b
             return plan(x2.shape[0], r, _tuned(name, x2, r, config_type), x2.device)
 
     p = tuning.memo(("plan", name, x2.shape[0], r.n, r.k, r.group_size, x2.device), make)
-    return _finish(mma.run(p, x2, r), x, bias)
+    return _finish((run or mma.run)(p, x2, r), x, bias)
 
 
 def run_gemv(x: torch.Tensor, r: mma.MmaWeights, bias: torch.Tensor | None) -> torch.Tensor:
@@ -200,14 +202,7 @@ def run_wgmma(x: torch.Tensor, r: mma.MmaWeights, bias: torch.Tensor | None) -> 
 
 
 def run_wgmma_a8(x: torch.Tensor, r: mma.MmaWeights, bias: torch.Tensor | None) -> torch.Tensor:
-    x2 = _flat(x)
-
-    def make() -> mma.Plan:
-        with torch.cuda.device(x2.device):
-            return wgmma_a8.plan(x2.shape[0], r, _tuned("cuda_wgmma_a8", x2, r, wgmma.WgmmaConfig), x2.device)
-
-    p = tuning.memo(("plan", "cuda_wgmma_a8", x2.shape[0], r.n, r.k, r.group_size, x2.device), make)
-    return _finish(wgmma_a8.run(p, x2, r), x, bias)
+    return _planned("cuda_wgmma_a8", wgmma_a8.plan, wgmma.WgmmaConfig, x, r, bias, run=wgmma_a8.run)
 
 
 def run_dequant(x: torch.Tensor, r: mma.MmaWeights, bias: torch.Tensor | None) -> torch.Tensor:
