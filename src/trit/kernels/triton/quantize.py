@@ -15,14 +15,18 @@ import triton.language as tl
 
 
 @triton.jit
+def _round_code(v):
+    # round half to even, as torch.round: adding 1.5 * 2**23 leaves no fraction bits (|v| <= 127)
+    r = (v + 12582912.0) - 12582912.0
+    return tl.minimum(tl.maximum(r, -128.0), 127.0)
+
+
+@triton.jit
 def _row_codes(x_ptr, row, K, stride_xm, BLOCK: tl.constexpr):
     offs = tl.arange(0, BLOCK)
     x = tl.load(x_ptr + row * stride_xm + offs, mask=offs < K, other=0.0).to(tl.float32)
     s = 127.0 / tl.maximum(tl.max(tl.abs(x), axis=0), 1e-5)
-    v = x * s
-    # round half to even, as torch.round: adding 1.5 * 2**23 leaves no fraction bits (|v| <= 127)
-    r = (v + 12582912.0) - 12582912.0
-    return offs, tl.minimum(tl.maximum(r, -128.0), 127.0), s
+    return offs, _round_code(x * s), s
 
 
 @triton.jit
@@ -71,9 +75,7 @@ def _quantize_rows_mma(
     pos = offs % 32
     src = offs - pos + 16 * (pos % 2) + 8 * (pos // 16) + 2 * ((pos % 16) // 4) + (pos % 4) // 2
     x = tl.load(x_ptr + row * stride_xm + src, mask=src < K, other=0.0).to(tl.float32)
-    r = (x * s + 12582912.0) - 12582912.0
-    q = tl.minimum(tl.maximum(r, -128.0), 127.0)
-    q = tl.where(offs < KP, q, 0.0)
+    q = tl.where(offs < KP, _round_code(x * s), 0.0)
     tl.store(q_ptr + row * KP + offs, q.to(tl.int8), mask=offs < KP)
     tl.store(s_ptr + row, s)
     tl.store(sum_ptr + row, tl.sum(q.to(tl.int32), axis=0))
