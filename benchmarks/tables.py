@@ -958,6 +958,12 @@ README_MODEL = "llama3-8b"
 README_COLUMNS = (1, 16, 64, 256, 2048)
 
 
+def _speed_row(label: str, by: dict[str, float]) -> str:
+    """A row of the README's speed table: ``by``'s ratio for the README model at each column, "-" where none."""
+    keys = [f"{README_MODEL} M={m}" for m in README_COLUMNS]
+    return f"| {label} | " + " | ".join(f"x{by[k]:.2f}" if k in by else "-" for k in keys) + " |"
+
+
 def readme_speed() -> str:
     """The README's one speed table: kernels summed over a model's four layers (trit, and the peers each run timed)
     and vLLM serving, each against bf16 on the same card."""
@@ -977,13 +983,8 @@ def readme_speed() -> str:
         act = "W1.58A8 (int8 activations)" if d.get("activations") == "int8" else "bf16 activations"
         g = d.get("group_size", 64)
         scale = "one scale a row" if g == -1 else f"groups of {g}"
-        lines.append(f"| kernels, trit, {act}, {scale} (M rows) | " + " | ".join(
-            f"x{sums[f'{README_MODEL} M={m}']:.2f}" if f"{README_MODEL} M={m}" in sums else "-"
-            for m in README_COLUMNS) + " |")
-        for peer, by in peers.items():
-            lines.append(f"| kernels, {peer} | "
-                         + " | ".join(f"x{by[f'{README_MODEL} M={m}']:.2f}" if f"{README_MODEL} M={m}" in by else "-"
-                                      for m in README_COLUMNS) + " |")
+        lines.append(_speed_row(f"kernels, trit, {act}, {scale} (M rows)", sums))
+        lines += [_speed_row(f"kernels, {peer}", by) for peer, by in peers.items()]
     for folder, label in ((README_SERVE, "trit, bf16 activations, groups of 64"),
                           (A8_SERVE, "trit, W1.58A8, one scale a row")):
         levels: dict[int, dict[str, float]] = {}
