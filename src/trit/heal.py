@@ -90,8 +90,7 @@ class QATLinear(nn.Module):
         super().__init__()
         self.in_features, self.out_features, self.group_size = layer.in_features, layer.out_features, layer.group_size
         self.planes = layer.planes
-        for p, (packed_name, scale_name) in enumerate(fmt.plane_suffixes(layer.planes)):
-            packed, scale = getattr(layer, packed_name), getattr(layer, scale_name)
+        for p, (packed, scale) in enumerate(layer.planes_tensors()):
             weight_name, scale_param = self._names(p)
             # (N, K_pad) f32, on the grid at the start; (N, G) scales
             self.register_parameter(weight_name, nn.Parameter(fmt.dequantize(packed, scale)))
