@@ -258,9 +258,9 @@ def _tiled_call(x, r, act_int8: bool = False):
     return lambda: torch.ops.trit.linear_tiled(x, r.wq, r.sc, r.n, r.group_size, None, act_int8)
 
 
-def tiled_kernels(m: int, wgmma_ok: bool, a8_row: bool = False) -> list[str]:
+def tiled_kernels(m: int, wgmma_ok: bool, a8: bool = False) -> list[str]:
     """The mma layout's kernels this benchmark tunes and times at ``m`` rows (``wgmma_ok``: the GPU runs the wgmma
-    kernel; ``a8_row``: int8 activations on a layer of one scale a row, which the int8 wgmma kernel takes): each in
+    kernel; ``a8``: int8 activations on a layer whose scale groups the int8 wgmma kernel takes): each in
     its tuning range, and dequantize + cuBLAS beside the GEMMs wherever one of them could take the problem from it.
     Where none is timed, dequantize + cuBLAS takes the rows without a tuned choice."""
     from trit.kernels.cuda import gemv as cgemv
@@ -269,7 +269,7 @@ def tiled_kernels(m: int, wgmma_ok: bool, a8_row: bool = False) -> list[str]:
     from trit.kernels.cuda import wgmma_a8 as cwgmma_a8
 
     names = [name for name, on in (
-        ("cuda_wgmma_a8", a8_row and wgmma_ok and m >= cwgmma_a8.MIN_M),
+        ("cuda_wgmma_a8", a8 and wgmma_ok and m >= cwgmma_a8.MIN_M),
         ("cuda_imma", m <= cimma.MAX_M),
         ("cuda_gemv", m <= cgemv.MAX_M),
         ("cuda_wgmma", wgmma_ok and cwgmma.TUNE_MIN_M <= m <= cwgmma.TUNE_MAX_M),
@@ -295,11 +295,11 @@ def _tune_tiled(x: torch.Tensor, reps: list, key: str, choice_key: str | None = 
 
     m, out = x.shape[0], {}
     group = reps[0].group_size
-    a8_row = bool(choice_key and choice_key.endswith(",a8")) and group == fmt.PER_ROW
-    names = tiled_kernels(m, cwgmma.supported(x.device) is None, a8_row)
+    a8 = bool(choice_key and choice_key.endswith(",a8")) and cwgmma_a8.group_refusal(group) is None
+    names = tiled_kernels(m, cwgmma.supported(x.device) is None, a8)
     wg = cwgmma.configs_for(m, reps[0], sm_count()) if "cuda_wgmma" in names else []
     wa = cwgmma_a8.configs_for(m, reps[0], sm_count()) if "cuda_wgmma_a8" in names else []
-    nvrtc.precompile(cwgmma_a8.source(), [cwgmma_a8.kernel_name(c) for c in wa], arch_suffix="a")
+    nvrtc.precompile(cwgmma_a8.source(), [cwgmma_a8.kernel_name(c, group) for c in wa], arch_suffix="a")
     nvrtc.precompile(cwgmma.source(), [cwgmma.kernel_name(c, group) for c in wg], arch_suffix="a")
     im = cimma.configs_for(reps[0], sm_count()) if "cuda_imma" in names else []
     nvrtc.precompile(cimma.source(), [cimma.kernel_name(cimma.token_tiles(m), c, group) for c in im])

@@ -26,14 +26,18 @@ def test_the_input_order_is_a_permutation_within_each_word() -> None:
     assert order[:4].tolist() == [0, 16, 1, 17] and order[4:8].tolist() == [2, 18, 3, 19]
 
 
+GROUPS = (fmt.PER_ROW, 64, 128)
+
+
+@pytest.mark.parametrize("g", GROUPS)
 @pytest.mark.parametrize(("n", "k"), SHAPES)
 @pytest.mark.parametrize("m", [1, 3, 17])
-def test_the_replayed_kernel_equals_the_w158a8_reference(m: int, n: int, k: int) -> None:
+def test_the_replayed_kernel_equals_the_w158a8_reference(m: int, n: int, k: int, g: int) -> None:
     torch.manual_seed(n + k + m)
-    packed, scale = random_layer(n, k, fmt.PER_ROW)
-    r = mma.repack(packed, scale, fmt.PER_ROW, k)
+    packed, scale = random_layer(n, k, g)
+    r = mma.repack(packed, scale, g, k)
     x = activations(m, k)
-    want = reference.linear_a8(x.float(), packed, scale.float().to(torch.bfloat16).float(), fmt.PER_ROW)
+    want = reference.linear_a8(x.float(), packed, scale.float().to(torch.bfloat16).float(), g)
     got = wgmma_a8.emulate(x, r)
     assert torch.allclose(got, want, rtol=1e-5, atol=1e-5 * float(want.abs().max())), \
         float((got - want).abs().max())
@@ -50,25 +54,29 @@ def test_the_rounding_reference_is_bitnets_in_the_fragment_order() -> None:
     assert torch.equal(sums, want_q.sum(dim=1, dtype=torch.int32))
 
 
+@pytest.mark.parametrize("g", GROUPS)
 @pytest.mark.parametrize(("n", "k"), [(28672, 4096), (4096, 14336), (6144, 4096), (6912, 2560), (64, 576)])
 @pytest.mark.parametrize("m", [16, 17, 64, 200, 256, 2048])
-def test_every_config_it_may_run_is_valid_and_fits(n: int, k: int, m: int) -> None:
-    r = mma.shape_only(n, k, fmt.PER_ROW)
+def test_every_config_it_may_run_is_valid_and_fits(n: int, k: int, m: int, g: int) -> None:
+    r = mma.shape_only(n, k, g)
     cands = wgmma_a8.configs_for(m, r, 132)
     assert cands
     for cfg in [*cands, wgmma_a8.heuristic(m, r, 132), wgmma_a8.heuristic(m, r, 78)]:
-        assert wgmma_a8.valid(cfg), cfg
-        assert wgmma_a8.smem_bytes(cfg) <= wgmma.SMEM_LIMIT, cfg
+        assert wgmma_a8.valid(cfg, g), cfg
+        assert wgmma_a8.smem_bytes(cfg, g) <= wgmma.SMEM_LIMIT, cfg
 
 
 def test_it_refuses_what_it_cannot_run() -> None:
     assert not wgmma_a8.valid(WgmmaConfig(ws=1))  # no warp-specialized variant
     assert not wgmma_a8.valid(WgmmaConfig(ntok=16, warps=8))  # a copy pass of 32 tokens
     assert not wgmma_a8.valid(WgmmaConfig(ki=1, bufs=3))
-    assert "one scale a row" in wgmma_a8.supported(torch.device("cpu"), 64)
-    assert "CUDA, not cpu" in wgmma_a8.supported(torch.device("cpu"), fmt.PER_ROW)
-    r = mma.repack(*random_layer(64, 576, 64), 64, 576)
-    with pytest.raises(ValueError, match="one scale a row"):
+    assert wgmma_a8.valid(WgmmaConfig(128, 2, 1, 1, 3, 8, bufs=4)) and not wgmma_a8.valid(
+        WgmmaConfig(128, 2, 1, 1, 3, 8, bufs=4), 64)  # groups: float sums beside the int32 ones
+    assert "one scale a row or groups of 64 or 128" in wgmma_a8.supported(torch.device("cpu"), 32)
+    for g in GROUPS:
+        assert "CUDA, not cpu" in wgmma_a8.supported(torch.device("cpu"), g)
+    r = mma.repack(*random_layer(64, 576, 32), 32, 576)
+    with pytest.raises(ValueError, match="groups of 32"):
         wgmma_a8.linear(torch.zeros(4, 576), r)
 
 
@@ -76,10 +84,12 @@ def test_it_refuses_what_it_cannot_run() -> None:
 def test_every_width_compiles_for_sm_90a() -> None:
     cfgs = [WgmmaConfig(ntok, 2 if ntok <= 128 else 1, 1, 1, 3, 8, bufs=4) for ntok in wgmma.TOKENS if ntok >= 32]
     cfgs += [WgmmaConfig(16, 1, 1, 1, 4, 4, bufs=2), WgmmaConfig(128, 1, 2, 1, 3, 8, bufs=4)]
-    for cfg in cfgs:
-        assert wgmma_a8.valid(cfg), cfg
-        cubin, lowered, log = nvrtc.compile_cubin(wgmma_a8.source(), wgmma_a8.kernel_name(cfg), "sm_90a")
-        assert len(cubin) > 1000 and lowered.startswith("_Z13trit_wgmma_a8"), log
+    pairs = [(cfg, g) for cfg in cfgs for g in GROUPS if wgmma_a8.valid(cfg, g)]
+    assert {g for _, g in pairs} == set(GROUPS) and all(wgmma_a8.valid(cfg) for cfg in cfgs)
+    names = [wgmma_a8.kernel_name(cfg, g) for cfg, g in pairs]
+    for name in names:
+        cubin, lowered, log = nvrtc.compile_cubin(wgmma_a8.source(), name, "sm_90a")
+        assert len(cubin) > 1000 and lowered.startswith("_Z13trit_wgmma_a8"), (name, log)
 
 
 def _sm90() -> bool:
@@ -92,19 +102,20 @@ CONFIGS = (None, WgmmaConfig(16, 1, 1, 1, 4, 4), WgmmaConfig(64, 2, 1, 2, 4, 8, 
 
 
 @pytest.mark.skipif(not _sm90(), reason="needs an sm_90 GPU")
+@pytest.mark.parametrize("g", GROUPS)
 @pytest.mark.parametrize("m", [1, 3, 17, 100, 300, 2048])
 @pytest.mark.parametrize(("n", "k"), SHAPES)
-def test_the_kernel_matches_the_reference(m: int, n: int, k: int) -> None:
+def test_the_kernel_matches_the_reference(m: int, n: int, k: int, g: int) -> None:
     torch.manual_seed(m + n + k)
-    packed, scale = random_layer(n, k, fmt.PER_ROW, "cuda")
-    r = mma.repack(packed, scale, fmt.PER_ROW, k)
+    packed, scale = random_layer(n, k, g, "cuda")
+    r = mma.repack(packed, scale, g, k)
     x = activations(m, k, "cuda")
     q, s, sums = wgmma_a8.quantize(x, r.k_steps * mma.K_STEP)
     rq, rs, rsums = wgmma_a8.quantize_reference(x, r.k_steps * mma.K_STEP)
     assert (q.int() - rq.int()).abs().max() <= 1 and int((q != rq).sum()) <= max(2, q.numel() // 500)  # ties
     assert torch.equal(sums, q.sum(dim=1, dtype=torch.int32))
-    want = reference.linear_a8(x.float(), packed, scale.float().to(torch.bfloat16).float(), fmt.PER_ROW)
-    for cfg in CONFIGS:
+    want = reference.linear_a8(x.float(), packed, scale.float().to(torch.bfloat16).float(), g)
+    for cfg in (c for c in CONFIGS if c is None or wgmma_a8.valid(c, g)):
         for _ in range(2):  # split-K leaves its workspace zero
             y = wgmma_a8.linear(x, r, cfg).float()
             err = float((y - want).norm() / want.norm())

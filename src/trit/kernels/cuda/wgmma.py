@@ -29,19 +29,23 @@ SM_SMEM = 228 * 1024  # shared memory of an SM (sm_90), of which each resident b
 ARCH = (9, 0)  # wgmma.mma_async: sm_90a only (Blackwell has tcgen05 instead)
 
 
-def wrapper(name: str, n: int, k: int, types: str, acc: str, cons: str, tail: str = "") -> str:
+def wrapper(name: str, n: int, k: int, types: str, acc: str, cons: str, tail: str = "",
+            accumulate_arg: bool = False) -> str:
     """``name<n>``: one m64n{n}k{k} wgmma of ``types`` (D.A.B), A from registers, B from shared memory through a
     descriptor, D += A B into ``acc`` accumulators (PTX constraint ``cons``); ``tail``: the immediates after the
-    scale-d predicate (bf16's scales and transpose)."""
+    scale-d predicate (bf16's scales and transpose). With ``accumulate_arg`` the function takes ``int accumulate``
+    (0: D = A B, the sums start afresh), else it always accumulates."""
     d = n // 2
     outs = ", ".join(f"%{i}" for i in range(d))
     body = (f"{{ .reg .pred p; setp.ne.b32 p, %{d + 5}, 0; "
             f"wgmma.mma_async.sync.aligned.m64n{n}k{k}.{types} {{{outs}}}, "
             f"{{%{d}, %{d + 1}, %{d + 2}, %{d + 3}}}, %{d + 4}, p{tail}; }}")
     outs_c = ", ".join(f'"+{cons}"(c[{i}])' for i in range(d))
+    arg, value = (", int accumulate", "accumulate") if accumulate_arg else ("", "1")
     return (f"template <> __device__ __forceinline__ void {name}<{n}>({acc}* c, const u32* a, "
-            f"unsigned long long desc) {{\n"
-            f'    asm volatile("{body}" : {outs_c} : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "l"(desc), "r"(1));\n}}\n')
+            f"unsigned long long desc{arg}) {{\n"
+            f'    asm volatile("{body}" : {outs_c} : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "l"(desc), '
+            f'"r"({value}));\n}}\n')
 
 
 def _wrapper(n: int) -> str:

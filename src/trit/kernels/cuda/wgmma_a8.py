@@ -1,4 +1,5 @@
-"""W1.58A8 on Hopper's int8 warpgroup MMA (``wgmma_a8.cu``, sm_90a): the mma layout, one scale a row.
+"""W1.58A8 on Hopper's int8 warpgroup MMA (``wgmma_a8.cu``, sm_90a): the mma layout, one scale a row or groups
+of 64 or 128.
 
 The activations are rounded per token to int8 as BitNet rounds them, in one
 Triton launch (:func:`trit.kernels.triton.quantize.quantize_rows_mma`) that
@@ -7,10 +8,11 @@ also writes each 32 inputs in the order of the A fragment's ``k32`` step
 then the A operand of one ``k32`` step as it stands (the codes ``c = w + 1``
 as u8, four to a register with a shift and a mask), the tensor cores sum
 ``c x_q`` exactly in int32 at twice bf16's rate, and the epilogue takes
-``(sum c x_q - sum x_q) * scale / s``. Layers with groups of scales stay on
-the bf16 kernels (on ``x_q / s``): a group scale would be applied between
-``k32`` steps. :func:`emulate` replays the kernel's fragments in plain PyTorch,
-so the CPU tests check the order and the arithmetic.
+``(sum c x_q - sum x_q) * scale / s``. With groups of scales the codes go in
+as s8 (``c - 1``), each group's int32 sums are scaled into float sums after
+its last ``k32`` step, and the epilogue divides by ``s``. :func:`emulate`
+replays the kernel's fragments in plain PyTorch, so the CPU tests check the
+order and the arithmetic.
 """
 
 from __future__ import annotations
@@ -36,10 +38,19 @@ def _wrapper(n: int) -> str:
     return wgmma.wrapper("wgmma_u8s8", n, 32, "s32.u8.s8", "int", "r")
 
 
+def _wrapper_s8(n: int) -> str:
+    """``wgmma_s8s8<n>``: one m64n{n}k32 MMA, A (s8) from registers, B (s8) from shared memory, D (+)= A B in int32
+    (``accumulate`` 0: the sums start afresh)."""
+    return wgmma.wrapper("wgmma_s8s8", n, 32, "s32.s8.s8", "int", "r", accumulate_arg=True)
+
+
 @lru_cache(maxsize=1)
 def source() -> str:
-    head = "template <int N> __device__ __forceinline__ void wgmma_u8s8(int* c, const u32* a, unsigned long long desc);\n"
-    return wgmma.source() + "\n" + head + "".join(_wrapper(n) for n in TOKENS) + "\n" + SOURCE_FILE.read_text()
+    head = ("template <int N> __device__ __forceinline__ void wgmma_u8s8(int* c, const u32* a, unsigned long long desc);\n"
+            "template <int N> __device__ __forceinline__ void wgmma_s8s8(int* c, const u32* a, unsigned long long desc, "
+            "int accumulate);\n")
+    return (wgmma.source() + "\n" + head + "".join(_wrapper(n) + _wrapper_s8(n) for n in TOKENS) + "\n"
+            + SOURCE_FILE.read_text())
 
 
 def input_order() -> torch.Tensor:
@@ -75,7 +86,8 @@ def emulate(x: torch.Tensor, r: mma.MmaWeights) -> torch.Tensor:
     """(M, N) float32: the kernel's output before its bf16 rounding, by replaying it: the A registers decoded from
     the layout's words (register q: bytes ``(w >> 2q) & 3``, row ``g + 8 (q % 2)``, fragment position ``4t + b +
     16 (q // 2)``), the B operand read from :func:`quantize_reference`'s codes at those positions, int32 sums,
-    then the epilogue's correction and scales."""
+    then the epilogue's correction and scales. Groups of scales: the codes less one (s8), a group's int32 sums
+    times its scale added up in float32, then ``/ s``."""
     q, s, sums = quantize_reference(x.float().cpu(), r.k_steps * mma.K_STEP)
     m = q.shape[0]
     rows, pos, bits = mma.k32_a_fragment()
@@ -84,18 +96,34 @@ def emulate(x: torch.Tensor, r: mma.MmaWeights) -> torch.Tensor:
     for j in range(4):
         a[:, :, j][:, :, rows, pos] = (words[..., j, None, None] >> bits) & 3
     b = q.long().view(m, r.k_steps, 4, 32)  # (token, step, word, position)
-    acc = torch.einsum("tsjrp,msjp->mtr", a, b).reshape(m, -1)[:, : r.n]  # exact in int64
-    scale = mma.layout_scales(r)[: r.n, 0]
-    return (acc - sums[:, None].long()).float() * scale / s[:, None]
+    scale = mma.layout_scales(r)  # (NT 16, GP)
+    if r.group_size == fmt.PER_ROW:
+        acc = torch.einsum("tsjrp,msjp->mtr", a, b).reshape(m, -1)[:, : r.n]  # exact in int64
+        return (acc - sums[:, None].long()).float() * scale[: r.n, 0] / s[:, None]
+    steps = r.group_size // 32  # k32 steps a group
+    a = (a - 1).view(r.row_tiles, -1, 16, 32)  # (tile, k32 step, row, position): the s8 codes
+    b = b.reshape(m, -1, 32)  # (token, k32 step, position)
+    groups = a.shape[1] // steps
+    acc = torch.einsum("tgkrp,mgkp->mgtr", a.view(r.row_tiles, groups, steps, 16, 32),
+                       b.view(m, groups, steps, 32)).reshape(m, groups, -1)  # (token, group, row) exact
+    live = min(groups, scale.shape[1])  # groups past K (the last 128-step's padding) hold zeros
+    y = (acc[:, :live].float() * scale[:, :live].T[None]).sum(1)
+    return y[:, : r.n] / s[:, None]
 
 
-def valid(cfg: WgmmaConfig) -> bool:
+def _gs(group_size: int) -> int:
+    """The kernel's GS: inputs a scale, 0 for one scale a row."""
+    return 0 if group_size == fmt.PER_ROW else group_size
+
+
+def valid(cfg: WgmmaConfig, group_size: int = fmt.PER_ROW) -> bool:
     """``wgmma_a8.cu``'s static asserts and register budget: whole warpgroups, 3 stages or more, at most 4
-    128-input steps a chunk, ``rt * ntok <= 256``, 2 or 4 A-register buffers that cycle over a chunk's k32 steps,
-    and copy passes of whole 8-token groups (16 bytes a thread, 128 ``ki`` bytes a token) that cover the tokens;
-    no warp-specialized variant."""
-    if cfg.ntok not in TOKENS or cfg.warps % 4 or cfg.stages < 3 or cfg.rt * cfg.ntok > 256 or cfg.ki > 4 \
-            or cfg.bufs not in (2, 4) or (4 * cfg.ki) % cfg.bufs or cfg.ws:
+    128-input steps a chunk, ``rt * ntok <= 256`` (128 with groups, whose float sums double the accumulators), 2
+    or 4 A-register buffers that cycle over a chunk's k32 steps, and copy passes of whole 8-token groups (16 bytes
+    a thread, 128 ``ki`` bytes a token) that cover the tokens; no warp-specialized variant."""
+    accumulators = 256 if _gs(group_size) == 0 else 128
+    if cfg.ntok not in TOKENS or cfg.warps % 4 or cfg.stages < 3 or cfg.rt * cfg.ntok > accumulators \
+            or cfg.ki > 4 or cfg.bufs not in (2, 4) or (4 * cfg.ki) % cfg.bufs or cfg.ws:
         return False
     threads, pieces = cfg.warps * 32, cfg.ki * 8
     if threads % pieces:
@@ -104,18 +132,22 @@ def valid(cfg: WgmmaConfig) -> bool:
     return rows_a_pass % 8 == 0 and cfg.ntok % rows_a_pass == 0 and cfg.ntok // rows_a_pass <= 32
 
 
-def smem_bytes(cfg: WgmmaConfig) -> int:
-    stage = cfg.ntok * cfg.ki * mma.K_STEP + cfg.warps * cfg.rt * cfg.ki * 512
+def smem_bytes(cfg: WgmmaConfig, group_size: int = fmt.PER_ROW) -> int:
+    gs = _gs(group_size)
+    scales = 0 if gs == 0 else cfg.warps * cfg.rt * (cfg.ki * mma.K_STEP // gs) * 32
+    stage = cfg.ntok * cfg.ki * mma.K_STEP + cfg.warps * cfg.rt * cfg.ki * 512 + scales
     return cfg.stages * (-(-stage // 1024) * 1024) + 1024  # stages on 1024-byte boundaries
 
 
-def kernel_name(cfg: WgmmaConfig) -> str:
-    return f"trit_wgmma_a8<{cfg.ntok}, {cfg.rt}, {cfg.ki}, {cfg.stages}, {cfg.warps}, {cfg.bufs}>"
+def kernel_name(cfg: WgmmaConfig, group_size: int = fmt.PER_ROW) -> str:
+    return (f"trit_wgmma_a8<{cfg.ntok}, {cfg.rt}, {cfg.ki}, {_gs(group_size)}, {cfg.stages}, {cfg.warps}, "
+            f"{cfg.bufs}>")
 
 
-def _stages(cfg: WgmmaConfig) -> int:
+def _stages(cfg: WgmmaConfig, group_size: int = fmt.PER_ROW) -> int:
     """The most stages (up to 6) that fit :data:`wgmma.SMEM_LIMIT`."""
-    return next((st for st in (6, 5, 4, 3) if smem_bytes(replace(cfg, stages=st)) <= wgmma.SMEM_LIMIT), 3)
+    return next((st for st in (6, 5, 4, 3)
+                 if smem_bytes(replace(cfg, stages=st), group_size) <= wgmma.SMEM_LIMIT), 3)
 
 
 def configs_for(m: int, r: mma.MmaWeights, sms: int) -> list[WgmmaConfig]:
@@ -127,11 +159,11 @@ def configs_for(m: int, r: mma.MmaWeights, sms: int) -> list[WgmmaConfig]:
             for warps, ki in ((4, 1), (8, 1), (8, 2), (4, 2)):
                 for bufs in (2, 4):
                     cfg = WgmmaConfig(ntok, rt, ki, 1, 3, warps, bufs)
-                    if not valid(cfg):
+                    if not valid(cfg, r.group_size):
                         continue
                     blocks, chunks = mma.grid(r.row_tiles, r.k_steps, warps, rt, ki)
                     blocks *= -(-m // ntok)
-                    out += [replace(cfg, splits=sk, stages=_stages(cfg)) for sk in (1, 2, 4)
+                    out += [replace(cfg, splits=sk, stages=_stages(cfg, r.group_size)) for sk in (1, 2, 4)
                             if sk == 1 or (sk <= chunks // 2 and blocks * sk <= 4 * sms)]
     return out
 
@@ -141,15 +173,19 @@ def heuristic(m: int, r: mma.MmaWeights, sms: int) -> WgmmaConfig:
     warps, K splits to two blocks an SM; four warps for 16 tokens, whose copy takes 16 tokens a pass), one
     128-input step a chunk, four A-register buffers, as many stages as fit."""
     cfg = replace(wgmma.heuristic(m, r, sms), ki=1, bufs=4, ws=0)
-    cfg = cfg if valid(cfg) else replace(cfg, warps=4)
-    return replace(cfg, stages=_stages(cfg))
+    if not valid(cfg, r.group_size) and cfg.rt > 1:  # groups: half the row tiles, for the float sums' registers
+        cfg = replace(cfg, rt=cfg.rt // 2)
+    cfg = cfg if valid(cfg, r.group_size) else replace(cfg, warps=4)
+    return replace(cfg, stages=_stages(cfg, r.group_size))
+
+
+GROUPS = (fmt.PER_ROW, 64, 128)  # the scale groups it takes: one scale a row, groups of 64 or 128
 
 
 def group_refusal(group_size: int) -> str | None:
     """Why the kernel cannot run a layer of ``group_size`` on any device (``None``: it can)."""
-    if group_size != fmt.PER_ROW:
-        return f"groups of {group_size}: the int8 wgmma kernel takes one scale a row (a group's scale would fall " \
-               "between its k32 steps)"
+    if group_size not in GROUPS:
+        return f"groups of {group_size}: the int8 wgmma kernel takes one scale a row or groups of 64 or 128"
     return None
 
 
@@ -164,10 +200,10 @@ def plan(m: int, r: mma.MmaWeights, config: WgmmaConfig | None, device: torch.de
     from trit.kernels.triton.device import sm_count
 
     cfg = config or heuristic(m, r, sm_count())
-    if not valid(cfg):
+    if not valid(cfg, r.group_size):
         raise ValueError(f"not a wgmma_a8 config: {cfg}")
-    smem = smem_bytes(cfg)
-    kern = nvrtc.load(source(), kernel_name(cfg), (), smem=smem, arch_suffix="a")
+    smem = smem_bytes(cfg, r.group_size)
+    kern = nvrtc.load(source(), kernel_name(cfg, r.group_size), (), smem=smem, arch_suffix="a")
     return mma.gemm_plan(kern, r, cfg.warps, cfg.rt, cfg.ki, cfg.splits, max(1, math.ceil(m / cfg.ntok)), smem)
 
 
