@@ -43,6 +43,16 @@ def test_the_replayed_kernel_equals_the_w158a8_reference(m: int, n: int, k: int,
         float((got - want).abs().max())
 
 
+def test_the_s8_decode_gives_each_byte_its_code_less_one() -> None:
+    codes = torch.randint(0, 3, (1000, 4, 4))  # (word, register, byte): never 3
+    shift = 2 * torch.arange(4)[:, None] + 8 * torch.arange(4)[None, :]
+    words = (codes << shift).sum((1, 2))  # register q's codes in bits 2q + 8b
+    for q in range(4):
+        regs = wgmma_a8.decode_s8(words >> (2 * q))
+        got = torch.stack([(regs >> (8 * b)) & 0xFF for b in range(4)], 1)
+        assert torch.equal(got, (codes[:, q] - 1) & 0xFF), q
+
+
 def test_the_rounding_reference_is_bitnets_in_the_fragment_order() -> None:
     x = activations(5, 200)
     q, s, sums = wgmma_a8.quantize_reference(x, 256)

@@ -82,26 +82,40 @@ def quantize(x: torch.Tensor, k_pad: int) -> tuple[torch.Tensor, torch.Tensor, t
     return quantize_reference(x, k_pad)
 
 
+def decode_s8(v: torch.Tensor) -> torch.Tensor:
+    """``wgmma_a8.cu``'s s8 register from ``v = w >> 2q`` (int64 holding 32 bits): byte b is ``c - 1`` for the code
+    ``c`` in bits ``8b``, ``8b + 1`` (0xFF, 0, 1): bit 0 is the code's low bit inverted, bits 1 to 7 are set where
+    both code bits are clear."""
+    zero = ~v & ~(v >> 1) & 0x01010101
+    return ((zero * 0xFE) | (~v & 0x01010101)) & 0xFFFFFFFF
+
+
 def emulate(x: torch.Tensor, r: mma.MmaWeights) -> torch.Tensor:
     """(M, N) float32: the kernel's output before its bf16 rounding, by replaying it: the A registers decoded from
     the layout's words (register q: bytes ``(w >> 2q) & 3``, row ``g + 8 (q % 2)``, fragment position ``4t + b +
     16 (q // 2)``), the B operand read from :func:`quantize_reference`'s codes at those positions, int32 sums,
-    then the epilogue's correction and scales. Groups of scales: the codes less one (s8), a group's int32 sums
-    times its scale added up in float32, then ``/ s``."""
+    then the epilogue's correction and scales. Groups of scales: the registers as the kernel decodes them to s8
+    (:func:`decode_s8`), a group's int32 sums times its scale added up in float32, then ``/ s``."""
     q, s, sums = quantize_reference(x.float().cpu(), r.k_steps * mma.K_STEP)
     m = q.shape[0]
     rows, pos, bits = mma.k32_a_fragment()
     words = r.wq.cpu().long() & 0xFFFFFFFF  # (NT, KS, 32 lanes, 4 words)
+    grouped = r.group_size != fmt.PER_ROW
     a = torch.zeros(r.row_tiles, r.k_steps, 4, 16, 32, dtype=torch.long)  # (tile, step, word, row, position)
     for j in range(4):
-        a[:, :, j][:, :, rows, pos] = (words[..., j, None, None] >> bits) & 3
+        if grouped:  # the kernel's s8 registers, then their bytes as signed
+            regs = decode_s8(words[..., j, None, None] >> (2 * reg))  # (..., 4 registers, 1)
+            v = (regs >> (8 * byte)) & 0xFF
+            a[:, :, j][:, :, rows, pos] = torch.where(v >= 128, v - 256, v)
+        else:
+            a[:, :, j][:, :, rows, pos] = (words[..., j, None, None] >> bits) & 3
     b = q.long().view(m, r.k_steps, 4, 32)  # (token, step, word, position)
     scale = mma.layout_scales(r)  # (NT 16, GP)
     if r.group_size == fmt.PER_ROW:
         acc = torch.einsum("tsjrp,msjp->mtr", a, b).reshape(m, -1)[:, : r.n]  # exact in int64
         return (acc - sums[:, None].long()).float() * scale[: r.n, 0] / s[:, None]
     steps = r.group_size // 32  # k32 steps a group
-    a = (a - 1).view(r.row_tiles, -1, 16, 32)  # (tile, k32 step, row, position): the s8 codes
+    a = a.view(r.row_tiles, -1, 16, 32)  # (tile, k32 step, row, position): the s8 codes
     b = b.reshape(m, -1, 32)  # (token, k32 step, position)
     groups = a.shape[1] // steps
     acc = torch.einsum("tgkrp,mgkp->mgtr", a.view(r.row_tiles, groups, steps, 16, 32),
