@@ -31,6 +31,8 @@ __global__ void __launch_bounds__(NW * 32) trit_wgmma_a8(const U4* __restrict__ 
     constexpr int KC = KI * 128;                      // inputs, and bytes of a token's x, a chunk
     constexpr int NGC = GS == 0 ? 1 : KC / GS;        // scale groups a chunk (CODE_SOURCES and STAGE_CODES read it)
     constexpr int KPG = GS == 0 ? 1 << 30 : GS / 32;  // k32 steps a scale group
+    // groups of wgmmas left in flight behind the decode: within a scale group, at most its steps before this one
+    constexpr int IN_FLIGHT = GS == 0 || AB - 1 < KPG - 1 ? AB - 1 : KPG - 1;
     constexpr int NTH = NW * 32;
     static_assert(NW % 4 == 0, "whole warpgroups");
     constexpr int X_BYTES = NTOK * KC;
@@ -109,6 +111,11 @@ __global__ void __launch_bounds__(NW * 32) trit_wgmma_a8(const U4* __restrict__ 
                 }
                 const unsigned long long d = smem_desc_sw128(dlo + ((i * NTOK * 128 + j * 32) >> 4));
                 const int kk = i * 4 + j;  // the k32 step within the chunk
+                if (GS != 0)
+#pragma unroll
+                    for (int r = 0; r < RT; ++r)  // the last group's reads of the sums stay before the fence
+#pragma unroll
+                        for (int e = 0; e < NTOK / 2; ++e) asm volatile("" : "+r"(acc[r][e]));
                 wgmma_fence();
 #pragma unroll
                 for (int r = 0; r < RT; ++r) {
@@ -133,7 +140,7 @@ __global__ void __launch_bounds__(NW * 32) trit_wgmma_a8(const U4* __restrict__ 
                                 facc[r][e] = fmaf((float)acc[r][e], e % 4 >= 2 ? s_hi : s_lo, facc[r][e]);
                         }
                 } else {
-                    wgmma_wait<AB - 1>();
+                    wgmma_wait<IN_FLIGHT>();
                 }
             }
         }

@@ -187,8 +187,8 @@ def heuristic(m: int, r: mma.MmaWeights, sms: int) -> WgmmaConfig:
     warps, K splits to two blocks an SM; four warps for 16 tokens, whose copy takes 16 tokens a pass), one
     128-input step a chunk, four A-register buffers, as many stages as fit."""
     cfg = replace(wgmma.heuristic(m, r, sms), ki=1, bufs=4, ws=0)
-    if not valid(cfg, r.group_size) and cfg.rt > 1:  # groups: half the row tiles, for the float sums' registers
-        cfg = replace(cfg, rt=cfg.rt // 2)
+    if _gs(r.group_size) and cfg.rt * cfg.ntok > 128:  # groups: fewer row tiles, for the float sums' registers
+        cfg = replace(cfg, rt=max(1, 128 // cfg.ntok))
     cfg = cfg if valid(cfg, r.group_size) else replace(cfg, warps=4)
     return replace(cfg, stages=_stages(cfg, r.group_size))
 
