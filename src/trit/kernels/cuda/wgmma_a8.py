@@ -104,8 +104,8 @@ def emulate(x: torch.Tensor, r: mma.MmaWeights) -> torch.Tensor:
     a = torch.zeros(r.row_tiles, r.k_steps, 4, 16, 32, dtype=torch.long)  # (tile, step, word, row, position)
     for j in range(4):
         if grouped:  # the kernel's s8 registers, then their bytes as signed
-            regs = decode_s8(words[..., j, None, None] >> (2 * reg))  # (..., 4 registers, 1)
-            v = (regs >> (8 * byte)) & 0xFF
+            reg_shift = bits % 8  # 2q: register q; the rest of the bit, 8b, is byte b
+            v = (decode_s8(words[..., j, None, None] >> reg_shift) >> (bits - reg_shift)) & 0xFF
             a[:, :, j][:, :, rows, pos] = torch.where(v >= 128, v - 256, v)
         else:
             a[:, :, j][:, :, rows, pos] = (words[..., j, None, None] >> bits) & 3
