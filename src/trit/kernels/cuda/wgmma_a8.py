@@ -183,12 +183,29 @@ def configs_for(m: int, r: mma.MmaWeights, sms: int) -> list[WgmmaConfig]:
 
 
 def heuristic(m: int, r: mma.MmaWeights, sms: int) -> WgmmaConfig:
-    """A config without tuning: :func:`wgmma.heuristic`'s shape of grid (tokens a block, row tiles a warp, eight
-    warps, K splits to two blocks an SM; four warps for 16 tokens, whose copy takes 16 tokens a pass), one
-    128-input step a chunk, four A-register buffers, as many stages as fit."""
-    cfg = replace(wgmma.heuristic(m, r, sms), ki=1, bufs=4, ws=0)
-    if _gs(r.group_size) and cfg.rt * cfg.ntok > 128:  # groups: fewer row tiles, for the float sums' registers
-        cfg = replace(cfg, rt=max(1, 128 // cfg.ntok))
+    """A config without tuning, after what tuning on the H100 chose (``benchmarks/results/wgmma_a8_tune_*``): the
+    fewest tokens a block that hold M up to 64 rows, else 128; two 128-input steps a chunk; the big tile (eight
+    warps of two row tiles) where it still gives three SMs in four a block, else eight warps of one row tile up
+    to 64 tokens and four above (16 tokens: four warps, two row tiles where every SM still gets a block); K split
+    in four only for M <= 64 on layers whose K is longer than N; four A-register buffers; as many stages as fit.
+    Groups keep ``rt * ntok <= 128`` for their float sums."""
+    ntok = wgmma._token_widths(min(m, 128))[-1] if m > 64 else wgmma._token_widths(m)[0]
+    slices = -(-m // ntok)
+
+    def blocks(warps: int, rt: int) -> int:
+        return mma.grid(r.row_tiles, r.k_steps, warps, rt, 2)[0] * slices
+
+    if ntok == 16:
+        warps, rt = 4, 2 if blocks(4, 2) >= sms else 1
+    elif 4 * blocks(8, 2) >= 3 * sms:
+        warps, rt = 8, 2
+    else:
+        warps, rt = (8 if ntok <= 64 else 4), 1
+    if _gs(r.group_size) and rt * ntok > 128:  # groups: fewer row tiles, for the float sums' registers
+        rt = max(1, 128 // ntok)
+    chunks = mma.grid(r.row_tiles, r.k_steps, warps, rt, 2)[1]
+    splits = 4 if m <= 64 and r.k > r.n and chunks >= 8 else 1
+    cfg = WgmmaConfig(ntok, rt, 2, splits, 3, warps, 4)
     cfg = cfg if valid(cfg, r.group_size) else replace(cfg, warps=4)
     return replace(cfg, stages=_stages(cfg, r.group_size))
 
