@@ -122,13 +122,18 @@ def test_the_two_layouts_go_to_their_own_kernels(monkeypatch: pytest.MonkeyPatch
         assert registry.choose_kernel(_mma(m)).kernel.name == name, m
     assert all("bf16" in k.refuse(_mma(1, torch.float16)) for k in registry.CUDA)
     # int8 activations (W1.58A8): the GEMV rounds them first at M = 1; from 16 rows the int8 wgmma kernel, on
-    # int8 tensor cores, for one scale a row (BitNet's imports) and groups of 64 and 128
+    # int8 tensor cores, for one scale a row (BitNet's imports) at every M and groups of 64 and 128 up to 64 rows
     assert registry.choose_kernel(_mma(1, act_int8=True)).kernel.name == "cuda_gemv"
     for g in (fmt.PER_ROW, 64, 128):
         a8 = dataclasses.replace(_mma(16, act_int8=True), group_size=g)
         assert registry.choose_kernel(a8).kernel.name == "cuda_wgmma_a8", g
-        assert registry.choose_kernel(dataclasses.replace(a8, m=100)).kernel.name == "cuda_wgmma_a8", g
+        assert registry.choose_kernel(dataclasses.replace(a8, m=64)).kernel.name == "cuda_wgmma_a8", g
         assert registry.choose_kernel(dataclasses.replace(a8, m=15)).kernel.name == "cuda_mma", g
+    row = dataclasses.replace(_mma(2048, act_int8=True), group_size=fmt.PER_ROW)
+    assert registry.choose_kernel(row).kernel.name == "cuda_wgmma_a8"
+    g64 = dataclasses.replace(row, m=100, group_size=64)
+    assert registry.choose_kernel(g64).kernel.name == "cuda_wgmma"
+    assert "M = 100 > 64 with groups of 64" in registry.choose_kernel(g64).explain().splitlines()[0]
     # groups of 32 take the kernels that round the activations first
     g32 = dataclasses.replace(_mma(100, act_int8=True), group_size=32)
     assert registry.choose_kernel(g32).kernel.name == "cuda_wgmma"

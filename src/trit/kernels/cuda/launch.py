@@ -140,7 +140,12 @@ def refuse_wgmma_a8(p) -> str | None:
 
 
 def rule_wgmma_a8(p) -> str | None:
-    return None if p.m >= wgmma_a8.MIN_M else f"M = {p.m} < {wgmma_a8.MIN_M}: the GEMV and mma kernels take it"
+    if p.m < wgmma_a8.MIN_M:
+        return f"M = {p.m} < {wgmma_a8.MIN_M}: the GEMV and mma kernels take it"
+    if p.group_size != fmt.PER_ROW and p.m > wgmma_a8.GROUPS_MAX_M:
+        return (f"M = {p.m} > {wgmma_a8.GROUPS_MAX_M} with groups of {p.group_size}: the bf16 kernels on x_q / s "
+                "are faster there")
+    return None
 
 
 def refuse_dequant(p) -> str | None:

@@ -30,6 +30,7 @@ from trit.kernels.cuda.wgmma import TOKENS, WgmmaConfig
 
 SOURCE_FILE = Path(__file__).with_name("wgmma_a8.cu")
 MIN_M = 16  # without a tuned choice it takes M from here up (below, the GEMV and mma.sync kernels on x_q / s)
+GROUPS_MAX_M = 64  # with groups of scales, without a tuned choice, up to here (above, the bf16 kernels on x_q / s)
 SIGNATURE = "PPPPPPPPiiiiiii"  # wq, sc, x, y, ws, locks, xs, xsum, then M, N, K (padded), KS, GP, chunks a split, splits
 
 
