@@ -288,6 +288,7 @@ def _tune_tiled(x: torch.Tensor, reps: list, key: str, choice_key: str | None = 
     from trit.kernels import tuning
     from trit.kernels.cuda import gemv as cgemv
     from trit.kernels.cuda import imma as cimma
+    from trit.kernels.cuda import launch as cuda_launch
     from trit.kernels.cuda import nvrtc
     from trit.kernels.cuda import wgmma as cwgmma
     from trit.kernels.cuda import wgmma_a8 as cwgmma_a8
@@ -295,7 +296,12 @@ def _tune_tiled(x: torch.Tensor, reps: list, key: str, choice_key: str | None = 
 
     m, out = x.shape[0], {}
     group = reps[0].group_size
-    a8 = bool(choice_key and choice_key.endswith(",a8")) and cwgmma_a8.group_refusal(group) is None
+    int8_acts = bool(choice_key and choice_key.endswith(",a8"))
+    a8 = int8_acts and cwgmma_a8.group_refusal(group) is None
+
+    def x_in() -> torch.Tensor:  # what the bf16 kernels take: with int8 activations, rounded and back, timed
+        return cuda_launch.fake_quantize(x) if int8_acts else x
+
     names = tiled_kernels(m, cwgmma.supported(x.device) is None, a8)
     wg = cwgmma.configs_for(m, reps[0], sm_count()) if "cuda_wgmma" in names else []
     wa = cwgmma_a8.configs_for(m, reps[0], sm_count()) if "cuda_wgmma_a8" in names else []
@@ -306,7 +312,7 @@ def _tune_tiled(x: torch.Tensor, reps: list, key: str, choice_key: str | None = 
     mm = cmma.configs_for(m, reps[0], sm_count()) if "cuda_mma" in names else []
     nvrtc.precompile(cmma.source(), [cmma.kernel_name(cmma.token_tiles(m, c.mt), c, group) for c in mm])
     for name, run, cands in (
-        ("cuda_wgmma_a8", cwgmma_a8.linear, wa),  # its time includes its rounding launch; the others' do not
+        ("cuda_wgmma_a8", cwgmma_a8.linear, wa),  # every time includes the activations' rounding launch
         ("cuda_imma", cimma.linear, im),
         ("cuda_gemv", cgemv.linear, cgemv.configs_for(reps[0], sm_count()) if "cuda_gemv" in names else ()),
         ("cuda_wgmma", cwgmma.linear, wg),
@@ -314,12 +320,13 @@ def _tune_tiled(x: torch.Tensor, reps: list, key: str, choice_key: str | None = 
     ):
         if not cands:
             continue
-        best, us = tuning.tune(lambda cfg, run=run: [lambda r=r: run(x, r, cfg) for r in reps], cands)
+        xin = (lambda: x) if name == "cuda_wgmma_a8" else x_in
+        best, us = tuning.tune(lambda cfg, run=run, xin=xin: [lambda r=r: run(xin(), r, cfg) for r in reps], cands)
         tuning.remember(name, key, best, persist=False)
         out[name] = {"config": asdict(best), "us": us}
     if "cuda_dequant_cublas" in names:  # where a GEMM may hand over to dequantize + cuBLAS: both timed
         out["cuda_dequant_cublas"] = {"us": tuning.graph_time_us(
-            [lambda r=r: torch.nn.functional.linear(x, cgemv.dequantize(r)) for r in reps])}
+            [lambda r=r: torch.nn.functional.linear(x_in(), cgemv.dequantize(r)) for r in reps])}
     if len(out) > 1:  # the fastest of the layout's kernels takes this problem
         tuning.prefer(choice_key or key, min(out, key=lambda name: out[name]["us"]), "mma")
     return out
