@@ -952,7 +952,8 @@ def same_bits_default() -> str:
 # the README's speed table: kernel runs of one card (each a setting: bf16 or int8 activations; a setting's later
 # files, runs of some M after a retune, give those columns), and the serve sweep of that card; the model whose four
 # layer shapes are summed
-README_KERNELS = (("kernels_h100_m512.json",), ("kernels_a8_row_h100.json", "kernels_a8_row_m64_h100.json"))
+README_KERNELS = (("kernels_h100_m512.json",), ("kernels_a8_g64_h100.json",),
+                  ("kernels_a8_row_h100.json", "kernels_a8_row_m64_h100.json"))
 README_SERVE = SWEEP_SERVE
 README_MODEL = "llama3-8b"
 README_COLUMNS = (1, 16, 64, 256, 2048)
