@@ -61,6 +61,8 @@ VARIANTS = {
     "gptq-bos-first": ["--method", "gptq", "--calib-first", "bos"],  # the default before random first tokens
     "gptq-damp0.1": ["--method", "gptq", "--damp", "0.1"],  # ten times the default damping
     "gptq-damp0.001": ["--method", "gptq", "--damp", "0.001"],  # a tenth of it
+    # one scale a row (as BitNet imports hold them): the scale granularity the int8 kernel runs fastest
+    "gptq-row": ["--method", "gptq", "--group-size", "-1"],
     # int4 GPTQ weights, int8 per-token activations; the residual stream rotated first (the default)
     "w4a8-g64": ["--scheme", "w4a8", "--group-size", "64"],
     "w4a8-g64-no-rotate": ["--scheme", "w4a8", "--group-size", "64", "--no-rotate"],
@@ -78,12 +80,14 @@ VARIANTS = {
     "gptq-bits3-demo": ["--method", "gptq", "--bits", "3.0", "--calib", "wikitext2", "--calib-samples", "16",
                         "--passes", "1"],
     "w4a8-g64-demo": ["--scheme", "w4a8", "--group-size", "64", "--calib", "wikitext2", "--calib-samples", "16"],
+    "gptq-row-demo": ["--method", "gptq", "--group-size", "-1", "--calib", "wikitext2", "--calib-samples", "16",
+                      "--passes", "1"],
 }
 
 # name: the variant whose checkpoint it scores with int8 activations per token (W1.58A8): `--activations int8`
 # only records that in the config, so the weights are the base's, loaded with the override
 A8 = {"gptq-a8": "gptq", "gptq-2planes-a8": "gptq-2planes", "gptq-demo-a8": "gptq-demo",
-      "gptq-2planes-demo-a8": "gptq-2planes-demo"}
+      "gptq-2planes-demo-a8": "gptq-2planes-demo", "gptq-row-a8": "gptq-row", "gptq-row-demo-a8": "gptq-row-demo"}
 
 # checkpoints another tool makes, on the calibration windows of the trit variant named: name: (that variant, the
 # command, run with the variant's windows as IDS, the float model as MODEL and the output folder as OUT)
