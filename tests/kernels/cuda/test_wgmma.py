@@ -94,6 +94,20 @@ def test_every_width_group_and_copy_shape_compiles_for_sm_90a() -> None:
         assert len(cubin) > 1000 and lowered.startswith(prefix), log
 
 
+def test_the_heuristic_splits_k_where_tuning_did() -> None:
+    """Untuned shapes run the heuristic; K splits cost most where they are wrong (a reduction over M x N), so it
+    splits where the shipped tables' tuning mostly did: few blocks, M <= 64, K longer than N."""
+    from trit.kernels import tuning
+
+    agree = {True: 0, False: 0}
+    for path in sorted(tuning.SHIPPED.glob("*.json")):
+        for key, tuned in json.loads(path.read_text())["configs"].get("cuda_wgmma", {}).items():
+            m, n, k, g, _ = key.split(",")
+            cfg = wgmma.heuristic(int(m), mma.shape_only(int(n), int(k), int(g)), 132)
+            agree[(cfg.splits > 1) == (tuned["splits"] > 1)] += 1
+    assert agree[True] >= 8 * agree[False] and agree[True] >= 60, agree
+
+
 def test_the_shipped_configs_are_valid_and_fit() -> None:
     from trit.kernels import tuning
 
