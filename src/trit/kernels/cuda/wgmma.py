@@ -187,14 +187,14 @@ def heuristic(m: int, r: mma.MmaWeights, sms: int) -> WgmmaConfig:
     hold M up to 64 rows, else 128;
     eight warps, two row tiles a warp where that still gives every SM a block, one 128-input step a chunk and
     as many stages as fit; K split (up to 4) until there are two blocks an SM, only up to 64 rows and where K is
-    longer than N (the shipped tables' tuning split K nowhere else)."""
+    longer than N (where the shipped tables' tuning mostly split it)."""
     ntok = _token_widths(min(m, 128))[-1] if m > 64 else _token_widths(m)[0]
     slices = -(-m // ntok)
     rt = 2 if mma.grid(r.row_tiles, r.k_steps, 8, 2, 1)[0] * slices >= sms and ntok <= 128 else 1
     cfg = WgmmaConfig(ntok, rt, 1, 1, 3, 8)
     blocks, chunks = mma.grid(r.row_tiles, r.k_steps, 8, rt, 1)
     blocks *= slices
-    few = blocks < sms and m <= 64 and r.k > r.n  # tuning split K nowhere else (h100.json, h200.json)
+    few = blocks < sms and m <= 64 and r.k > r.n  # where the shipped tables' tuning split K (docs/kernels.md)
     splits = max(1, min(4, chunks // 2, math.ceil(2 * sms / blocks))) if few else 1
     return replace(cfg, splits=splits, stages=_stages(cfg, r.group_size) or 3)
 
