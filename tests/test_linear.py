@@ -37,18 +37,16 @@ def test_the_choice_says_why_a_layer_stays_in_format_v1(monkeypatch: pytest.Monk
     for act_int8 in (False, True):
         qkv = linear.LinearSpec(6144, 4096, 64, 1, act_int8)
         assert linear.choose(qkv, CUDA, torch.bfloat16).kernel is linear.TiledLinear
-    # W1.58A8 on Hopper (one scale a row as BitNet's imports, groups of 64 or 128): tiled from 16Mi weights, for
-    # the int8 wgmma kernel
-    for g in (fmt.PER_ROW, 64, 128):
-        llama_o = linear.LinearSpec(4096, 4096, g, 1, True)
-        monkeypatch.setattr(wgmma, "supported", lambda device: "wgmma needs sm_90 (Hopper); this GPU is sm_89")
-        assert "format v1's Triton kernels are as fast" in _why(llama_o, CUDA, torch.bfloat16)
-        monkeypatch.setattr(wgmma, "supported", lambda device: None)
-        assert linear.choose(llama_o, CUDA, torch.bfloat16).kernel is linear.TiledLinear
+    # W1.58A8 of one scale a row (BitNet's imports) on Hopper: tiled from 16Mi weights, for the int8 wgmma kernel
+    llama_o = linear.LinearSpec(4096, 4096, fmt.PER_ROW, 1, True)
+    assert "format v1's Triton kernels are as fast" in _why(llama_o, CUDA, torch.bfloat16)
+    monkeypatch.setattr(wgmma, "supported", lambda device: None)
+    assert linear.choose(llama_o, CUDA, torch.bfloat16).kernel is linear.TiledLinear
     assert "format v1's Triton kernels are as fast" in _why(linear.LinearSpec(2560, 2560, fmt.PER_ROW, 1, True),
                                                             CUDA, torch.bfloat16)  # BitNet 2B4T's o_proj
-    grouped = linear.LinearSpec(4096, 4096, 32, 1, True)  # groups of 32: the bf16 kernels on x_q / s, the size rule
-    assert "format v1's Triton kernels are as fast" in _why(grouped, CUDA, torch.bfloat16)
+    for g in (32, 64, 128):  # groups: the size rule of every layer (format v1 ran them faster below it)
+        grouped = linear.LinearSpec(4096, 4096, g, 1, True)
+        assert "format v1's Triton kernels are as fast" in _why(grouped, CUDA, torch.bfloat16), g
     # Qwen2-1.5B's gate_up (26Mi weights, K = 1536) is large enough but has too few inputs
     assert "K = 1536 < 2048" in _why(linear.LinearSpec(17920, 1536, 64), CUDA, torch.bfloat16)
     monkeypatch.setenv("TRIT_LAYOUT", "v1")
