@@ -164,6 +164,12 @@ def _token_widths(m: int) -> tuple[int, ...]:
     return (fit,) if m <= 64 else (64, 128) if m <= 128 else (128, 256)
 
 
+def heuristic_tokens(m: int) -> int:
+    """Tokens a block without tuning (this kernel's and the int8 one's): the fewest that hold M up to 64 rows,
+    else 128."""
+    return _token_widths(min(m, 128))[-1] if m > 64 else _token_widths(m)[0]
+
+
 def configs_for(m: int, r: mma.MmaWeights, sms: int) -> list[WgmmaConfig]:
     """The search space of tuning (``trit bench kernels``) for M rows of layer ``r``."""
     out = []
@@ -188,7 +194,7 @@ def heuristic(m: int, r: mma.MmaWeights, sms: int) -> WgmmaConfig:
     eight warps, two row tiles a warp where that still gives every SM a block, one 128-input step a chunk and
     as many stages as fit; K split (up to 4) until there are two blocks an SM, only up to 64 rows and where K is
     longer than N (where the shipped tables' tuning mostly split it)."""
-    ntok = _token_widths(min(m, 128))[-1] if m > 64 else _token_widths(m)[0]
+    ntok = heuristic_tokens(m)
     slices = -(-m // ntok)
     rt = 2 if mma.grid(r.row_tiles, r.k_steps, 8, 2, 1)[0] * slices >= sms and ntok <= 128 else 1
     cfg = WgmmaConfig(ntok, rt, 1, 1, 3, 8)

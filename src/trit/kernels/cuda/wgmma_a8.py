@@ -112,7 +112,7 @@ def emulate(x: torch.Tensor, r: mma.MmaWeights) -> torch.Tensor:
             a[:, :, j][:, :, rows, pos] = (words[..., j, None, None] >> bits) & 3
     b = q.long().view(m, r.k_steps, 4, 32)  # (token, step, word, position)
     scale = mma.layout_scales(r)  # (NT 16, GP)
-    if r.group_size == fmt.PER_ROW:
+    if not grouped:
         acc = torch.einsum("tsjrp,msjp->mtr", a, b).reshape(m, -1)[:, : r.n]  # exact in int64
         return (acc - sums[:, None].long()).float() * scale[: r.n, 0] / s[:, None]
     steps = r.group_size // 32  # k32 steps a group
@@ -190,7 +190,7 @@ def heuristic(m: int, r: mma.MmaWeights, sms: int) -> WgmmaConfig:
     to 64 tokens and four above (16 tokens: four warps, two row tiles where every SM still gets a block); K split
     in four only for M <= 64 on layers whose K is longer than N; four A-register buffers; as many stages as fit.
     Groups keep ``rt * ntok <= 128`` for their float sums."""
-    ntok = wgmma._token_widths(min(m, 128))[-1] if m > 64 else wgmma._token_widths(m)[0]
+    ntok = wgmma.heuristic_tokens(m)
     slices = -(-m // ntok)
 
     def blocks(warps: int, rt: int) -> int:
@@ -207,7 +207,6 @@ def heuristic(m: int, r: mma.MmaWeights, sms: int) -> WgmmaConfig:
     chunks = mma.grid(r.row_tiles, r.k_steps, warps, rt, 2)[1]
     splits = 4 if m <= 64 and r.k > r.n and chunks >= 8 else 1
     cfg = WgmmaConfig(ntok, rt, 2, splits, 3, warps, 4)
-    cfg = cfg if valid(cfg, r.group_size) else replace(cfg, warps=4)
     return replace(cfg, stages=_stages(cfg, r.group_size))
 
 
