@@ -98,6 +98,10 @@ EXTERNAL = {
     # trit's GPTQ on int2 with zero points, the one-plane recipe's calibration (a float checkpoint, for scoring)
     "int2-g64-demo": ("gptq-demo", [sys.executable, "benchmarks/int2_gptq.py", "MODEL", "OUT", "--group-size", "64",
                                     "--calib", "wikitext2", "--calib-samples", "16"]),
+    # the same two on the default recipe's calibration (128 windows sampled from the model; int2 rotated as well)
+    "llmcompressor-w4a8-g64": ("w4a8-g64", [LLMC_PYTHON, "benchmarks/llmcompressor_w4a8.py", "MODEL", "IDS", "OUT",
+                                            "--group-size", "64"]),
+    "int2-g64": ("gptq", [sys.executable, "benchmarks/int2_gptq.py", "MODEL", "OUT", "--group-size", "64"]),
 }
 
 # name: (the one-plane variant it starts from, its trit heal flags), healed with trit heal's defaults otherwise
@@ -216,6 +220,7 @@ def main() -> int:
         if (path / "config.json").is_file():
             return path, 0.0
         ids_file = work / f"{name}.ids.pt"
+        work.mkdir(parents=True, exist_ok=True)
         torch.save(_calibration_ids(float_dir, flags, args.device), ids_file)
         t = time.perf_counter()
         fill = {"MODEL": str(float_dir), "IDS": str(ids_file), "OUT": str(path)}
