@@ -59,6 +59,13 @@ __global__ void __launch_bounds__(NW * 32) trit_wgmma_a8(const U4* __restrict__ 
             acc[r][e] = 0;
             if (GS != 0) facc[r][e] = 0.f;
         }
+    // an empty asm on every int32 sum: the compiler may not move their reads across a wgmma fence or wait
+    auto pin_sums = [&]() {
+#pragma unroll
+        for (int r = 0; r < RT; ++r)
+#pragma unroll
+            for (int e = 0; e < NTOK / 2; ++e) asm volatile("" : "+r"(acc[r][e]));
+    };
 
     WGMMA_X_COPY(signed char, 16)
     CODE_SOURCES
@@ -111,11 +118,7 @@ __global__ void __launch_bounds__(NW * 32) trit_wgmma_a8(const U4* __restrict__ 
                 }
                 const unsigned long long d = smem_desc_sw128(dlo + ((i * NTOK * 128 + j * 32) >> 4));
                 const int kk = i * 4 + j;  // the k32 step within the chunk
-                if (GS != 0)
-#pragma unroll
-                    for (int r = 0; r < RT; ++r)  // the last group's reads of the sums stay before the fence
-#pragma unroll
-                        for (int e = 0; e < NTOK / 2; ++e) asm volatile("" : "+r"(acc[r][e]));
+                if (GS != 0) pin_sums();  // the last group's reads of the sums stay before the fence
                 wgmma_fence();
 #pragma unroll
                 for (int r = 0; r < RT; ++r) {
@@ -125,10 +128,7 @@ __global__ void __launch_bounds__(NW * 32) trit_wgmma_a8(const U4* __restrict__ 
                 wgmma_commit();
                 if (GS != 0 && kk % KPG == KPG - 1) {  // the group's last step: its sums, scaled, into facc
                     wgmma_wait<0>();
-#pragma unroll
-                    for (int r = 0; r < RT; ++r)  // the sums are read after the wait, not moved above it
-#pragma unroll
-                        for (int e = 0; e < NTOK / 2; ++e) asm volatile("" : "+r"(acc[r][e]));
+                    pin_sums();  // the sums are read after the wait, not moved above it
                     const int grp = kk / KPG;
                     if (c * NGC + grp < GP)
 #pragma unroll
