@@ -924,28 +924,42 @@ def same_bits() -> str:
               "GPTQ pass (`trit demo`'s CPU budget, not the default recipe: one plane is "
               f"x{geo_ratio(*SAME_BITS[1][1:]):.3g} here, x{geo_ratio(default_file, default_variant):.3g} with the "
               "default's); each row against the bf16 row of its own run; the commands are in the files. "
-              "int2 is scored as its dequantized weights (trit has no int2 format); its bits count an fp16 scale "
-              "and a 2-bit zero point a group; llm-compressor wrote its scales in float32 (it quantized the float32 "
-              "model), so its 4.5 bits as stored would be 4.25 with bf16 scales, as trit's."]
+              + SAME_BITS_FOOTNOTE]
     return "\n".join(lines)
 
 
-# the bits budget on the default recipe (data-free GPTQ: 128 sampled windows, three passes), on the same CPU and
-# evaluation windows as SAME_BITS
+SAME_BITS_FOOTNOTE = ("int2 is scored as its dequantized weights (trit has no int2 format); its bits count an fp16 "
+                      "scale and a 2-bit zero point a group; llm-compressor wrote its scales in float32 (it quantized "
+                      "the float32 model), so its 4.5 bits as stored would be 4.25 with bf16 scales, as trit's.")
+
+
+# the ways to spend the bits on the default recipe (data-free GPTQ: 128 sampled windows, rotated), in order of
+# bits, on the evaluation windows of SAME_BITS; the README's quality table takes these rows
 SAME_BITS_DEFAULT = (
     ("bf16", "quality_domains_cpu_rotate.json", "bf16"),
     ("ternary, one plane, the default (`trit quantize`)", "quality_domains_cpu_rotate.json", "gptq-rotate"),
+    ("int2 with zero points, groups of 64 (trit's GPTQ on the same windows; `benchmarks/int2_gptq.py`)",
+     "quality_domains_cpu_int2_default.json", "int2-g64"),
+    ("ternary, one plane, healed (`trit heal`), H100", "quality_domains_h100_heal_defaults.json",
+     "healed-random-first-4096"),
     ("ternary, a bits budget of 2.5 (`--bits 2.5`)", "quality_domains_cpu_bits_default.json", "gptq-bits2.5"),
+    ("ternary, a bits budget of 2.5, healed, H100", "quality_domains_h100_healed_bits.json", "healed-bits2.5"),
     ("ternary, a bits budget of 3.0 (`--bits 3.0`)", "quality_domains_cpu_bits_default.json", "gptq-bits3"),
+    ("W4A8, trit (`--scheme w4a8`)", "quality_domains_cpu_w4a8_rotate.json", "w4a8-g64-rotate"),
+    ("W4A8, llm-compressor's `oneshot` GPTQ on the same windows (`benchmarks/llmcompressor_w4a8.py`)",
+     "quality_domains_cpu_llmcompressor_default.json", "llmcompressor-w4a8-g64"),
+    ("ternary, two planes (`--planes 2`), H200", "quality_domains_h200_rotate.json", "gptq-2planes-rotate"),
 )
 
 
 def same_bits_default() -> str:
-    """The bits budget on the default recipe: the rows of :data:`SAME_BITS_DEFAULT`."""
+    """Ways to spend the bits on the default recipe: the rows of :data:`SAME_BITS_DEFAULT`."""
     lines, evaluated = _labelled_rows(SAME_BITS_DEFAULT)
-    lines += ["", f"{evaluated}; SmolLM2-135M-Instruct on this project's 2-core CPU, each quantized row calibrated "
-              "by the default recipe (the residual stream rotated, GPTQ on 128 windows sampled from the model); "
-              "each row against the bf16 row of its own run; the commands are in the files."]
+    lines += ["", f"{evaluated}; SmolLM2-135M-Instruct, quantized and scored on this project's 2-core CPU unless "
+              "the row names a GPU, each quantized row calibrated by the default recipe (the residual stream "
+              "rotated, GPTQ on 128 windows sampled from the model: the CPU runs share theirs, a GPU run sampled its "
+              "own; healed rows: heal's defaults on top); each row against the bf16 row of its own run; the "
+              "commands are in the files. " + SAME_BITS_FOOTNOTE]
     return "\n".join(lines)
 
 
@@ -1005,22 +1019,31 @@ def readme_speed() -> str:
     return "\n".join(lines)
 
 
-# the README's quality rows: the defaults and what they are measured against (labels of HEADLINE_DOMAINS)
+# the README's quality table: every way to spend the bits on the default recipe, in order of bits, the default in
+# bold (label, run file, variant): SAME_BITS_DEFAULT's rows, with the H200's runs of the one- and two-plane defaults
 README_DOMAINS = (
-    ("bf16", 0), ("naive rounding (BitNet's absmean rule)", 1), ("**one plane, the default** (`trit quantize`)", 2),
-    ("one plane, healed (`trit heal`, on a GPU)", 7), ("two planes (`--planes 2`)", 5),
-    ("int4 W4A8 (`--scheme w4a8`)", 9),
+    ("bf16", "quality_domains_h200_rotate.json", "bf16"),
+    ("naive rounding (BitNet's absmean rule)", "quality_domains_cpu.json", "absmean"),
+    ("**one plane, the default** (`trit quantize`)", "quality_domains_h200_rotate.json", "gptq"),
+    ("int2 with zero points, groups of 64 (trit's GPTQ, the default recipe)", *SAME_BITS_DEFAULT[2][1:]),
+    ("one plane, healed (`trit heal`, on a GPU)", *SAME_BITS_DEFAULT[3][1:]),
+    ("a bits budget of 2.5 (`--bits 2.5`)", *SAME_BITS_DEFAULT[4][1:]),
+    ("a bits budget of 2.5, healed", *SAME_BITS_DEFAULT[5][1:]),
+    ("a bits budget of 3.0 (`--bits 3.0`)", *SAME_BITS_DEFAULT[6][1:]),
+    ("int4 W4A8 (`--scheme w4a8`)", *SAME_BITS_DEFAULT[7][1:]),
+    ("int4 W4A8, llm-compressor's `oneshot` GPTQ (the default recipe's windows)", *SAME_BITS_DEFAULT[8][1:]),
+    ("two planes (`--planes 2`)", "quality_domains_h200_rotate.json", "gptq-2planes-rotate"),
 )
 
 
 def readme_quality() -> str:
-    """The README's one quality table: the defaults on three domains, each row against its own run's bf16."""
-    runs = {name: json.loads((RESULTS / name).read_text()) for _, name, _ in HEADLINE_DOMAINS}
-    corpora = runs[HEADLINE_DOMAINS[0][1]]["corpora"]
+    """The README's one quality table: the default and the other ways to spend the bits, on three domains, each
+    row against its own run's bf16."""
+    runs = {name: json.loads((RESULTS / name).read_text()) for _, name, _ in README_DOMAINS}
+    corpora = runs[README_DOMAINS[0][1]]["corpora"]
     lines = ["| SmolLM2-135M-Instruct | bits a weight | " + " | ".join(f"{c} (x bf16)" for c in corpora)
              + " | geo. mean | machine |", "|---|---|" + "---|" * (len(corpora) + 2)]
-    for label, i in README_DOMAINS:
-        _, name, variant = HEADLINE_DOMAINS[i]
+    for label, name, variant in README_DOMAINS:
         rows = {r["variant"]: r for r in runs[name]["rows"]}
         row, bf16 = rows[variant], rows["bf16"]
         bits = f"{row['bits_per_weight']:.2f}" if row.get("bits_per_weight") else "16"
