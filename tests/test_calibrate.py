@@ -103,6 +103,51 @@ def test_a_bits_budget_gives_a_second_plane_to_some_layers(tiny: Path, calib_fil
     assert torch.equal(hf(ids).logits, loaded.model(ids).logits)
 
 
+def test_output_fisher_is_the_squared_gradient_at_each_output(tiny: Path, calib_file: Path) -> None:
+    from transformers import AutoModelForCausalLM
+
+    from trit.calibrate import calibration_ids, output_fisher
+    from trit.checkpoint import open_checkpoint
+
+    calib = CalibConfig(calib_file, samples=3, seq_len=32)
+    modules = {"model.layers.0.self_attn.k_proj", "model.layers.1.mlp.down_proj"}
+    got = output_fisher(open_checkpoint(tiny), modules, calib, progress=False)
+    # the same through another route: a zero added to the output, whose gradient is the output's
+    ids = calibration_ids(open_checkpoint(tiny), calib, "cpu")
+    model = AutoModelForCausalLM.from_pretrained(tiny, dtype=torch.float32)
+    for name in modules:
+        module, total = model.get_submodule(name), 0.0
+        for window in ids:
+            zero = torch.zeros(1, ids.shape[1], module.out_features, requires_grad=True)
+            hook = module.register_forward_hook(lambda m, a, out, zero=zero: out + zero)
+            logits = model(window[None]).logits[0, :-1]
+            torch.nn.functional.cross_entropy(logits, window[1:], reduction="sum").backward()
+            hook.remove()
+            total += float(zero.grad.double().square().sum())
+        assert got[name] == pytest.approx(total / ids.numel() / module.out_features, rel=1e-4)
+        assert got[name] > 0
+
+
+def test_the_budget_weights_each_layers_error_by_its_fisher(tiny: Path, calib_file: Path) -> None:
+    from trit.calibrate import gptq_model
+    from trit.checkpoint import open_checkpoint
+    from trit.quant.gptq import GptqOptions
+
+    calib = CalibConfig(calib_file, samples=4, seq_len=32)
+    todo = {f"model.layers.0.{s}" for s in ("self_attn.o_proj", "mlp.down_proj")}
+    measured: dict[float, list] = {}
+    for weight in (1.0, 3.0):
+        gains: list = []
+        fisher = {"model.layers.0.mlp.down_proj": weight}  # o_proj: none given, weighted 1
+        gptq_model(open_checkpoint(tiny), todo, GptqOptions(32), calib, progress=False, gains=gains, fisher=fisher)
+        measured[weight] = {g.modules: g for g in gains}
+    o, down = ("model.layers.0.self_attn.o_proj",), ("model.layers.0.mlp.down_proj",)
+    assert measured[3.0][o] == measured[1.0][o]
+    assert measured[3.0][down].error_one == pytest.approx(3 * measured[1.0][down].error_one)
+    assert measured[3.0][down].error_two == pytest.approx(3 * measured[1.0][down].error_two)
+    assert measured[3.0][down].energy == measured[1.0][down].energy
+
+
 def test_data_free_calibration_by_default(tiny: Path, tmp_path: Path) -> None:
     code = main(["quantize", str(tiny), str(tmp_path / "out"), "--method", "gptq", "--group-size", "32",
                  "--calib-samples", "2", "--calib-seq-len", "16", "--quiet"])

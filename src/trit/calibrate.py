@@ -247,18 +247,58 @@ class _LayerLoader:
         return module
 
 
+def output_fisher(ckpt: Checkpoint, modules: set[str], calib: CalibConfig, device: str = "cpu",
+                  progress: bool = True) -> dict[str, float]:
+    """Each module's output sensitivity: the squared gradient of the calibration windows' log-likelihood with
+    respect to the module's output, averaged over tokens and output channels (the trace of the output's Fisher
+    information over its width; on sampled windows the model's own Fisher). An output error ``D`` (tokens x
+    channels) then costs about ``F * |D|^2 / 2`` in log-likelihood. A trace is unchanged by an orthogonal map of
+    the output, so the float model as stored measures the rotated one too. The whole float model is in memory
+    (float32), one window at a time through a forward and a backward pass."""
+    from transformers import AutoModelForCausalLM
+
+    ids = calibration_ids(ckpt, calib, device, progress)  # (S, T)
+    model = AutoModelForCausalLM.from_pretrained(ckpt.path, dtype=torch.float32).to(device).eval()
+    model.requires_grad_(False)
+    sums = dict.fromkeys(sorted(modules), 0.0)
+
+    def watch(name: str):
+        def add(grad: torch.Tensor) -> None:
+            sums[name] += float(grad.double().square().sum()) / grad.shape[-1]
+
+        def hook(module: nn.Module, args, out: torch.Tensor) -> None:
+            out.register_hook(add)
+        return hook
+
+    hooks = [model.get_submodule(m).register_forward_hook(watch(m)) for m in sums]
+    # the gradient has to reach every layer's output: the embeddings' output is the one leaf that needs one
+    hooks.append(model.get_input_embeddings().register_forward_hook(lambda m, a, out: out.requires_grad_()))
+    try:
+        with torch.enable_grad():
+            for window in tqdm(ids, desc="fisher", unit="window", disable=not progress):
+                x = window[None].to(device)
+                logits = model(x, use_cache=False).logits[0, :-1].float()
+                nn.functional.cross_entropy(logits, x[0, 1:], reduction="sum").backward()
+    finally:
+        for h in hooks:
+            h.remove()
+        del model
+    return {m: v / ids.numel() for m, v in sums.items()}
+
+
 def gptq_model(
     ckpt: Checkpoint, quantized: set[str], gopts: GptqOptions, calib: CalibConfig, device: str = "cpu",
     progress: bool = True, rotate: TensorMap | None = None, planes: Mapping[str, int] | None = None,
-    gains: list[PlaneGain] | None = None,
+    gains: list[PlaneGain] | None = None, fisher: Mapping[str, float] | None = None,
 ) -> dict[str, tuple[torch.Tensor, torch.Tensor]]:
     """GPTQ every module in ``quantized``: ``{module: (codes (P, N, K_pad) int8, scales (P, N, G) f32)}``.
 
     ``rotate`` (``(name, source tensor) -> {name: tensor}``, the loader of :func:`trit.rotation.rotation_maps`):
     quantize the model those tensors make (the sampled calibration windows are the source's: the same function).
     ``planes``: the modules whose plane count is not ``gopts.planes``. ``gains``: also round each group of layers
-    sharing an input with two planes on the same Hessian and append what that measured (:mod:`trit.quant.budget`);
-    the one-plane result is the one kept and passed on."""
+    sharing an input with two planes on the same Hessian and append what that measured (:mod:`trit.quant.budget`),
+    each layer's output errors weighted by its ``fisher`` (:func:`output_fisher`; 1 where not given); the one-plane
+    result is the one kept and passed on."""
     ids = calibration_ids(ckpt, calib, device, progress)  # (S, T)
     model = meta_model(ckpt, torch.float32)
     results: dict[str, tuple[torch.Tensor, torch.Tensor]] = {}
@@ -287,7 +327,8 @@ def gptq_model(
                 for name in names:
                     bar.set_postfix_str(name, refresh=False)
                     opts = replace(gopts, planes=(planes or {}).get(name, gopts.planes))
-                    results[name] = _quantize_linear(model.get_submodule(name), h, opts, cross, measured)
+                    results[name] = _quantize_linear(model.get_submodule(name), h, opts, cross, measured,
+                                                     (fisher or {}).get(name, 1.0))
                 if gains is not None:
                     gains.append(PlaneGain(tuple(names), *(sum(column) for column in zip(*measured))))
             hidden = _run_layer(layer, hidden, rope, positions)
@@ -354,12 +395,13 @@ def _stage_stats(layer: nn.Module, first: str, hidden, rope, positions, float_la
 
 def _quantize_linear(
     lin: nn.Linear, h: torch.Tensor, gopts: GptqOptions, cross: torch.Tensor | None = None,
-    measured: list[tuple] | None = None,
+    measured: list[tuple] | None = None, error_weight: float = 1.0,
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """GPTQ one linear layer (K padded to whole groups), and put its dequantized weight back in place.
 
     Returns codes ``(P, N, K_pad)`` int8 and scales ``(P, N, G)`` f32, on the CPU. ``measured``: also round it
-    with two planes and append ``(weights, codes, scales, error with one plane, with two, tr(W H W^T))``.
+    with two planes and append ``(weights, codes, scales, error with one plane, with two, tr(W H W^T))``, the
+    two errors times ``error_weight``.
     """
     n, k = lin.weight.shape
     k_pad = fmt.padded_k(k, gopts.group_size)
@@ -374,10 +416,11 @@ def _quantize_linear(
     if measured is not None:
         codes2, scales2 = gptq_ternary(w, hp, replace(gopts, planes=2))
         measured.append((n * k, n * k_pad, scales.shape[1] * scales.shape[2],
-                         output_error(w, dequantize_planes(codes, scales), hp),
-                         output_error(w, dequantize_planes(codes2, scales2), hp), output_error(w, 0 * w, hp)))
+                         error_weight * output_error(w, dequantize_planes(codes, scales), hp),
+                         error_weight * output_error(w, dequantize_planes(codes2, scales2), hp),
+                         output_error(w, 0 * w, hp)))
     lin.weight.copy_(dequantize(codes, scales, gopts)[:, :k].to(lin.weight.dtype))
     return codes.cpu(), scales.cpu()
 
 
-__all__ = ["CalibConfig", "FIRST", "gptq_model", "windows_from_text", "sample_from_model", "STAGES"]
+__all__ = ["CalibConfig", "FIRST", "gptq_model", "output_fisher", "windows_from_text", "sample_from_model", "STAGES"]

@@ -171,12 +171,14 @@ def _bits_budget(ckpt: Checkpoint, todo: set[str], config: GPTQConfig, layout: L
                  rotate, log: Callable[[str], None]) -> dict[str, int]:
     """The calibration pass that measures what a second plane buys in each group of layers, and the layers the
     budget gives one (:mod:`trit.quant.budget`)."""
-    from trit.calibrate import gptq_model
+    from trit.calibrate import gptq_model, output_fisher
     from trit.quant import budget
 
     gains: list[budget.PlaneGain] = []
+    log(f"bits budget {config.bits:g}: measuring each layer's output sensitivity (a float forward and backward)")
+    fisher = output_fisher(ckpt, todo, config.calib, config.device, progress)
     log(f"bits budget {config.bits:g}: measuring what a second plane buys in each layer (a first GPTQ pass)")
-    gptq_model(ckpt, todo, config.gptq(), config.calib, config.device, progress, rotate, gains=gains)
+    gptq_model(ckpt, todo, config.gptq(), config.calib, config.device, progress, rotate, gains=gains, fisher=fisher)
     two = budget.choose(gains, config.bits, 8 * layout.scale_dtype.torch.itemsize)
     log(f"bits budget {config.bits:g}: a second plane for {len(two)} of {len(todo)} layers")
     return {m: 2 for m in sorted(two)}

@@ -2,14 +2,18 @@
 
 One plane stores about 2.25 bits a weight (groups of 64, fp16 scales), two
 planes 4.5. ``trit quantize --bits B`` spends the bits between on the layers
-where a second plane cuts the output error most per added bit. The
+where a second plane cuts the model's loss most per added bit. The
 calibration pass measures it: each group of layers that share an input
 (q/k/v, o, gate/up, down: the groups vLLM fuses, so a fused layer has one
 plane count) is rounded with one plane and with two on the same Hessian, and
-the gain is the drop in squared output error, ``tr(E H E^T)`` summed over the
-group (on the calibration tokens, as GPTQ measures it). Groups are taken by gain per added bit, largest first,
-while the budget holds (a greedy knapsack; a group too large for what is left
-is skipped for smaller ones).
+the gain is the drop in squared output error, ``tr(E H E^T)`` on the
+calibration tokens as GPTQ measures it, each layer's weighted by its output
+sensitivity ``F`` (the mean squared gradient of the windows' log-likelihood at
+that output, :func:`trit.calibrate.output_fisher`), summed over the group:
+``F * |E X|^2 / 2`` is about what the error costs in log-likelihood, so layers
+of different kinds and depths compare. Groups are taken by gain per added bit,
+largest first, while the budget holds (a greedy knapsack; a group too large
+for what is left is skipped for smaller ones).
 """
 
 from __future__ import annotations
@@ -25,7 +29,7 @@ class PlaneGain:
     weights: int  # float weights, N * K summed
     codes: int  # stored codes of one plane, N * K_pad summed (2 bits each)
     scales: int  # scales of one plane, N * G summed
-    error_one: float  # squared output error, one plane, summed over the group's layers
+    error_one: float  # squared output error, one plane, each layer's times its sensitivity, summed
     error_two: float  # the same with two planes
     energy: float  # tr(W H W^T) summed: the layers' output energy (for reports; the choice does not use it)
 
