@@ -277,8 +277,9 @@ def _quantize_parser(sub) -> None:
                    help="ternary planes per layer: 2 stores W = a1*T1 + a2*T2 (about 4.5 bits a weight)")
     q.add_argument("--bits", type=float, default=None, metavar="B",
                    help="a bits budget (GPTQ): one plane everywhere, and a second plane for the layers where it cuts "
-                        "the loss most per added bit (output error weighted by the layer's sensitivity), up to B bits a weight as stored (between one plane's "
-                        "and two planes', e.g. 2.5 or 3.0 at groups of 64; default: --planes everywhere)")
+                        "the loss most per added bit (output error weighted by the layer's sensitivity), up to B "
+                        "bits a weight as stored (between one plane's and two planes', e.g. 2.5 or 3.0 at groups of "
+                        "64; default: --planes everywhere)")
     q.add_argument("--calib", default=None, metavar="TEXT",
                    help="calibration text: a file, or a built-in corpus (wikitext2, gsm8k, python: its calibration "
                         "half); default: text sampled from the float model (data-free)")
