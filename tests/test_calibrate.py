@@ -79,13 +79,20 @@ def test_two_planes_load_audit_and_beat_one(tiny: Path, calib_file: Path, tmp_pa
 
 
 @torch.no_grad()
-def test_a_bits_budget_gives_a_second_plane_to_some_layers(tiny: Path, calib_file: Path, tmp_path: Path) -> None:
+def test_a_bits_budget_gives_a_second_plane_to_some_layers(tiny: Path, calib_file: Path, tmp_path: Path,
+                                                            monkeypatch: pytest.MonkeyPatch) -> None:
     from transformers import AutoModelForCausalLM
+
+    import trit.calibrate
 
     calib = CalibConfig(calib_file, samples=8, seq_len=64, batch=4)
     convert(tiny, tmp_path / "p1", GPTQConfig(32, calib=calib), progress=False, log=lambda s: None)
     lines: list[str] = []
+    fetched = []
+    windows = trit.calibrate.calibration_ids
+    monkeypatch.setattr(trit.calibrate, "calibration_ids", lambda *a, **k: fetched.append(1) or windows(*a, **k))
     report = convert(tiny, tmp_path / "b3", GPTQConfig(32, calib=calib, bits=3.0), progress=False, log=lines.append)
+    assert len(fetched) == 1  # the sensitivity pass and both GPTQ passes share one set of windows
     qcfg = fmt.TritConfig.from_dict(json.loads((tmp_path / "b3" / "config.json").read_text())["quantization_config"])
     two = dict(qcfg.layer_planes)
     assert qcfg.planes == 1 and sorted(two) == report.two_planes and set(two.values()) == {2}

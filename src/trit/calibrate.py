@@ -248,16 +248,17 @@ class _LayerLoader:
 
 
 def output_fisher(ckpt: Checkpoint, modules: set[str], calib: CalibConfig, device: str = "cpu",
-                  progress: bool = True) -> dict[str, float]:
+                  progress: bool = True, ids: torch.Tensor | None = None) -> dict[str, float]:
     """Each module's output sensitivity: the squared gradient of the calibration windows' log-likelihood with
     respect to the module's output, averaged over tokens and output channels (the trace of the output's Fisher
     information over its width; on sampled windows the model's own Fisher). An output error ``D`` (tokens x
     channels) then costs about ``F * |D|^2 / 2`` in log-likelihood. A trace is unchanged by an orthogonal map of
     the output, so the float model as stored measures the rotated one too. The whole float model is in memory
-    (float32), one window at a time through a forward and a backward pass."""
+    (float32), one window at a time through a forward and a backward pass. ``ids``: the windows, where the caller
+    holds them already (else :func:`calibration_ids`)."""
     from transformers import AutoModelForCausalLM
 
-    ids = calibration_ids(ckpt, calib, device, progress)  # (S, T)
+    ids = calibration_ids(ckpt, calib, device, progress) if ids is None else ids  # (S, T)
     model = AutoModelForCausalLM.from_pretrained(ckpt.path, dtype=torch.float32).to(device).eval()
     model.requires_grad_(False)
     sums = dict.fromkeys(sorted(modules), 0.0)
@@ -289,7 +290,7 @@ def output_fisher(ckpt: Checkpoint, modules: set[str], calib: CalibConfig, devic
 def gptq_model(
     ckpt: Checkpoint, quantized: set[str], gopts: GptqOptions, calib: CalibConfig, device: str = "cpu",
     progress: bool = True, rotate: TensorMap | None = None, planes: Mapping[str, int] | None = None,
-    gains: list[PlaneGain] | None = None, fisher: Mapping[str, float] | None = None,
+    gains: list[PlaneGain] | None = None, fisher: Mapping[str, float] | None = None, ids: torch.Tensor | None = None,
 ) -> dict[str, tuple[torch.Tensor, torch.Tensor]]:
     """GPTQ every module in ``quantized``: ``{module: (codes (P, N, K_pad) int8, scales (P, N, G) f32)}``.
 
@@ -298,8 +299,9 @@ def gptq_model(
     ``planes``: the modules whose plane count is not ``gopts.planes``. ``gains``: also round each group of layers
     sharing an input with two planes on the same Hessian and append what that measured (:mod:`trit.quant.budget`),
     each layer's output errors weighted by its ``fisher`` (:func:`output_fisher`; 1 where not given); the one-plane
-    result is the one kept and passed on."""
-    ids = calibration_ids(ckpt, calib, device, progress)  # (S, T)
+    result is the one kept and passed on. ``ids``: the calibration windows, where the caller holds them already
+    (else :func:`calibration_ids`)."""
+    ids = calibration_ids(ckpt, calib, device, progress) if ids is None else ids  # (S, T)
     model = meta_model(ckpt, torch.float32)
     results: dict[str, tuple[torch.Tensor, torch.Tensor]] = {}
     with ExitStack() as stack, torch.inference_mode():

@@ -168,17 +168,18 @@ def _check_bits(bits: float, plan: dict[str, LayerReport], group_size: int, layo
 
 
 def _bits_budget(ckpt: Checkpoint, todo: set[str], config: GPTQConfig, layout: Layout, progress: bool,
-                 rotate, log: Callable[[str], None]) -> dict[str, int]:
-    """The calibration pass that measures what a second plane buys in each group of layers, and the layers the
-    budget gives one (:mod:`trit.quant.budget`)."""
+                 rotate, log: Callable[[str], None], ids: torch.Tensor) -> dict[str, int]:
+    """The calibration pass over the windows ``ids`` that measures what a second plane buys in each group of
+    layers, and the layers the budget gives one (:mod:`trit.quant.budget`)."""
     from trit.calibrate import gptq_model, output_fisher
     from trit.quant import budget
 
     gains: list[budget.PlaneGain] = []
     log(f"bits budget {config.bits:g}: measuring each layer's output sensitivity (a float forward and backward)")
-    fisher = output_fisher(ckpt, todo, config.calib, config.device, progress)
+    fisher = output_fisher(ckpt, todo, config.calib, config.device, progress, ids=ids)
     log(f"bits budget {config.bits:g}: measuring what a second plane buys in each layer (a first GPTQ pass)")
-    gptq_model(ckpt, todo, config.gptq(), config.calib, config.device, progress, rotate, gains=gains, fisher=fisher)
+    gptq_model(ckpt, todo, config.gptq(), config.calib, config.device, progress, rotate, gains=gains, fisher=fisher,
+               ids=ids)
     two = budget.choose(gains, config.bits, 8 * layout.scale_dtype.torch.itemsize)
     log(f"bits budget {config.bits:g}: a second plane for {len(two)} of {len(todo)} layers")
     return {m: 2 for m in sorted(two)}
@@ -237,14 +238,15 @@ def convert(
     with ExitStack() as stack:
         rotate, rotate_for_calibration = rotation_maps(ckpt, rotation, stack, device=config.device)
         if isinstance(config, GPTQConfig):
-            from trit.calibrate import gptq_model
+            from trit.calibrate import calibration_ids, gptq_model
 
             check_all_finite(ckpt, progress)  # seconds, before minutes of calibration
             todo = {m for m, r in plan.items() if r.action != "kept"}
+            ids = calibration_ids(ckpt, config.calib, config.device, progress)  # once, for every pass below
             if bits is not None:
-                planes = _bits_budget(ckpt, todo, config, layout, progress, rotate_for_calibration, log)
+                planes = _bits_budget(ckpt, todo, config, layout, progress, rotate_for_calibration, log, ids)
             precomputed = gptq_model(ckpt, todo, config.gptq(), config.calib, config.device, progress,
-                                      rotate_for_calibration, planes=planes)
+                                      rotate_for_calibration, planes=planes, ids=ids)
 
         def quantized(name: str) -> bool:
             module, leaf = name.rsplit(".", 1)
