@@ -1026,19 +1026,32 @@ def readme_speed() -> str:
     return "\n".join(lines)
 
 
+def _same_bits_row(label: str, name: str, variant: str) -> tuple[str, str, str]:
+    """A README row that is one of :data:`SAME_BITS_DEFAULT`'s, named by its run file and variant (not by
+    position, which a row added above would shift)."""
+    if not any(row[1:] == (name, variant) for row in SAME_BITS_DEFAULT):
+        raise ValueError(f"{name} {variant}: not a row of SAME_BITS_DEFAULT")
+    return label, name, variant
+
+
 # the README's quality table: every way to spend the bits on the default recipe, in order of bits, the default in
 # bold (label, run file, variant): SAME_BITS_DEFAULT's rows, with the H200's runs of the one- and two-plane defaults
 README_DOMAINS = (
     ("bf16", "quality_domains_h200_rotate.json", "bf16"),
     ("naive rounding (BitNet's absmean rule)", "quality_domains_cpu.json", "absmean"),
     ("**one plane, the default** (`trit quantize`)", "quality_domains_h200_rotate.json", "gptq"),
-    ("int2 with zero points, groups of 64 (trit's GPTQ, the default recipe)", *SAME_BITS_DEFAULT[2][1:]),
-    ("one plane, healed (`trit heal`, on a GPU)", *SAME_BITS_DEFAULT[3][1:]),
-    ("a bits budget of 2.5 (`--bits 2.5`)", *SAME_BITS_DEFAULT[4][1:]),
-    ("a bits budget of 2.5, healed (layers chosen by the unweighted rule before)", *SAME_BITS_DEFAULT[6][1:]),
-    ("a bits budget of 3.0 (`--bits 3.0`; the rule before)", *SAME_BITS_DEFAULT[7][1:]),
-    ("int4 W4A8 (`--scheme w4a8`)", *SAME_BITS_DEFAULT[8][1:]),
-    ("int4 W4A8, llm-compressor's `oneshot` GPTQ (the default recipe's windows)", *SAME_BITS_DEFAULT[9][1:]),
+    _same_bits_row("int2 with zero points, groups of 64 (trit's GPTQ, the default recipe)",
+                   "quality_domains_cpu_int2_default.json", "int2-g64"),
+    _same_bits_row("one plane, healed (`trit heal`, on a GPU)", "quality_domains_h100_heal_defaults.json",
+                   "healed-random-first-4096"),
+    _same_bits_row("a bits budget of 2.5 (`--bits 2.5`)", "quality_domains_cpu_bits_fisher.json", "gptq-bits2.5"),
+    _same_bits_row("a bits budget of 2.5, healed (layers chosen by the unweighted rule before)",
+                   "quality_domains_h100_healed_bits.json", "healed-bits2.5"),
+    _same_bits_row("a bits budget of 3.0 (`--bits 3.0`; the rule before)", "quality_domains_cpu_bits_default.json",
+                   "gptq-bits3"),
+    _same_bits_row("int4 W4A8 (`--scheme w4a8`)", "quality_domains_cpu_w4a8_rotate.json", "w4a8-g64-rotate"),
+    _same_bits_row("int4 W4A8, llm-compressor's `oneshot` GPTQ (the default recipe's windows)",
+                   "quality_domains_cpu_llmcompressor_default.json", "llmcompressor-w4a8-g64"),
     ("two planes (`--planes 2`)", "quality_domains_h200_rotate.json", "gptq-2planes-rotate"),
 )
 
