@@ -44,6 +44,13 @@ def test_the_choice_says_why_a_layer_stays_in_format_v1(monkeypatch: pytest.Monk
     assert linear.choose(llama_o, CUDA, torch.bfloat16).kernel is linear.TiledLinear
     assert "format v1's Triton kernels are as fast" in _why(linear.LinearSpec(2560, 2560, fmt.PER_ROW, 1, True),
                                                             CUDA, torch.bfloat16)  # BitNet 2B4T's o_proj
+    # from 8Mi where the layer is wide: BitNet 2B4T's fused q/k/v (3840 x 2560), not Qwen2-1.5B's down (1536 x 8960)
+    bitnet_qkv = linear.LinearSpec(3840, 2560, fmt.PER_ROW, 1, True)
+    assert linear.choose(bitnet_qkv, CUDA, torch.bfloat16).kernel is linear.TiledLinear
+    assert "format v1's Triton kernels are as fast" in _why(linear.LinearSpec(1536, 8960, fmt.PER_ROW, 1, True),
+                                                            CUDA, torch.bfloat16)
+    assert "format v1's Triton kernels are as fast" in _why(linear.LinearSpec(3840, 2560, 64, 1, True),
+                                                            CUDA, torch.bfloat16)  # groups: the 20Mi line
     for g in (32, 64, 128):  # groups: the size rule of every layer (format v1 ran them faster below it)
         grouped = linear.LinearSpec(4096, 4096, g, 1, True)
         assert "format v1's Triton kernels are as fast" in _why(grouped, CUDA, torch.bfloat16), g

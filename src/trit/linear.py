@@ -43,9 +43,12 @@ WARMUP_ENV = "TRIT_WARMUP"
 # under "auto", layers of fewer weights than this, or of fewer inputs than TILE_MIN_K, stay in format v1, whose
 # Triton kernels were as fast or faster on them (docs/results.md has the runs)
 TILE_MIN_WEIGHTS = 20 * 2**20
-# W1.58A8 layers of one scale a row on Hopper, which the int8 wgmma kernel takes from this size; layers of groups
+# W1.58A8 layers of one scale a row on Hopper, which the int8 wgmma kernel takes from this size, or from
+# TILE_MIN_WEIGHTS_A8_WIDE where they have TILE_MIN_N_A8 outputs or more and TILE_MIN_K inputs; layers of groups
 # keep TILE_MIN_WEIGHTS, format v1 having run them faster at every M below it (docs/kernels.md)
 TILE_MIN_WEIGHTS_A8 = 16 * 2**20
+TILE_MIN_WEIGHTS_A8_WIDE = 8 * 2**20
+TILE_MIN_N_A8 = 3072
 TILE_MIN_K = 2048
 # the token counts a layer's forward runs at warm-up: the decode GEMV's unrolled M (1-4), each M bucket of the
 # tuned tables (powers of two) once divisible by 16 and once not (Triton compiles both), the dequantize path
@@ -167,7 +170,9 @@ class TiledLinear(LinearKernel):
         if _layout_wanted() == "mma":
             return None
         weights = spec.out_features * spec.in_features
-        if spec.act_int8 and spec.group_size == fmt.PER_ROW and weights >= TILE_MIN_WEIGHTS_A8 \
+        wide = (weights >= TILE_MIN_WEIGHTS_A8_WIDE and spec.out_features >= TILE_MIN_N_A8
+                and spec.in_features >= TILE_MIN_K)
+        if spec.act_int8 and spec.group_size == fmt.PER_ROW and (weights >= TILE_MIN_WEIGHTS_A8 or wide) \
                 and cuda_launch.int8_wgmma_refusal(device, spec.group_size) is None:
             return None  # W1.58A8 of one scale a row: the int8 wgmma kernel, which reads this layout only
         if weights < TILE_MIN_WEIGHTS:
