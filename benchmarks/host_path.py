@@ -15,7 +15,14 @@ else ``trit::linear``) and bf16 ``F.linear`` (cuBLAS) two ways:
   records that the sleep had not finished when the last call returned (else
   the figure may include waiting);
 - ``device_us``: a CUDA graph of one call replayed (one copy of the weights,
-  L2-warm: a reference for which of the two is longer, not a bandwidth figure).
+  L2-warm: a reference for which of the two is longer, not a bandwidth figure);
+- ``trit_first_us``: the host time of the op's first call at this M (behind a
+  sleep kernel too), after a call at M + 16 has compiled and loaded its
+  kernels: what a server pays once for each new token count outside its
+  graphs (the kernel choice and the launch plan worked out and kept).
+
+``--activations int8 --group -1`` times the layers as a BitNet import holds
+them (W1.58A8, one scale a row).
 
 Run it under inference mode, as servers do.
 """
@@ -54,30 +61,37 @@ def host_us(fn, calls: int, reps: int, sleep_cycles: int) -> tuple[float, bool]:
 
 
 def problem(n: int, k: int, m: int, args) -> dict:
-    from trit.bench.kernels import GROUP, layout_of, ternary_layer
+    from trit.bench.kernels import layout_of, ternary_layer
     from trit.kernels import tuning
     from trit.kernels.cuda import mma as cmma
 
+    group, a8 = args.group, args.activations == "int8"
     x = torch.randn(m, k, device="cuda", dtype=torch.bfloat16)
-    packed, scale = ternary_layer(n, k)
-    tiled = layout_of(n, k, x.device) == "mma"
+    packed, scale = ternary_layer(n, k, group)
+    tiled = layout_of(n, k, x.device, a8, group) == "mma"
     if tiled:
-        r = cmma.repack(packed, scale, GROUP, k)
+        r = cmma.repack(packed, scale, group, k)
         op = "trit::linear_tiled"
 
-        def trit_call():
-            return torch.ops.trit.linear_tiled(x, r.wq, r.sc, n, GROUP, None)
+        def trit_at(rows: torch.Tensor) -> torch.Tensor:
+            return torch.ops.trit.linear_tiled(rows, r.wq, r.sc, n, group, None, a8)
     else:
         op = "trit::linear"
 
-        def trit_call():
-            return torch.ops.trit.linear(x, packed, scale, GROUP, None)
+        def trit_at(rows: torch.Tensor) -> torch.Tensor:
+            return torch.ops.trit.linear(rows, packed, scale, group, None, a8)
     w = torch.randn(n, k, device="cuda", dtype=torch.bfloat16)
+
+    def trit_call():
+        return trit_at(x)
 
     def bf16_call():
         return torch.nn.functional.linear(x, w)
 
     out = {"op": op}
+    # another M of the same divisibility by 16 (on which Triton specializes): compiles and loads the kernels
+    trit_at(torch.randn(m + 16, k, device="cuda", dtype=torch.bfloat16))
+    out["trit_first_us"], _ = host_us(trit_call, 1, 1, args.sleep_cycles)
     for name, fn in (("trit", trit_call), ("bf16", bf16_call)):
         for _ in range(3):  # compiles, loads, allocates
             fn()
@@ -89,7 +103,7 @@ def problem(n: int, k: int, m: int, args) -> dict:
 
 
 def main(argv: list[str] | None = None) -> int:
-    from trit.bench.kernels import SHAPES
+    from trit.bench.kernels import GROUP, SHAPES
 
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0],
                                  formatter_class=argparse.ArgumentDefaultsHelpFormatter)
@@ -99,13 +113,15 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--reps", type=int, default=7, help="timed reps; the median is kept")
     ap.add_argument("--sleep-cycles", type=int, default=40_000_000,
                     help="GPU clock cycles the sleep kernel holds the GPU a rep (about 20 ms)")
+    ap.add_argument("--activations", choices=("bf16", "int8"), default="bf16",
+                    help="int8: rounded per token inside the op (W1.58A8)")
+    ap.add_argument("--group", type=int, default=GROUP, help="inputs a weight scale, -1 one scale a row")
     ap.add_argument("--out", type=Path, required=True, help="the JSON written")
     args = ap.parse_args(argv)
     if not torch.cuda.is_available():
         print("host_path: needs a CUDA GPU", file=sys.stderr)
         return 2
     import trit.ops  # noqa: F401  (registers the ops)
-    from trit.bench.kernels import GROUP
     from trit.kernels import registry
 
     rows = []
@@ -115,12 +131,14 @@ def main(argv: list[str] | None = None) -> int:
                 for m in (int(v) for v in args.ms.split(",")):
                     row = {"model": model, "layer": layer, "n": n, "k": k, "m": m, **problem(n, k, m, args)}
                     layout = "mma" if row["op"] == "trit::linear_tiled" else "v1"
-                    p = registry.Problem(m, n, k, GROUP, "cuda", torch.bfloat16, layout=layout)
+                    p = registry.Problem(m, n, k, args.group, "cuda", torch.bfloat16,
+                                         args.activations == "int8", layout)
                     row["kernel"] = registry.choose_kernel(p).kernel.name
                     rows.append(row)
                     print(f"{model:10} {layer:8} M={m:<5} {row['kernel']:20} trit host {row['trit_host_us']:6.1f} us "
-                          f"(device {row['trit_device_us']:7.1f})  bf16 host {row['bf16_host_us']:6.1f} us "
-                          f"(device {row['bf16_device_us']:7.1f})", flush=True)
+                          f"(first at this M {row['trit_first_us']:7.1f}, device {row['trit_device_us']:7.1f})  "
+                          f"bf16 host {row['bf16_host_us']:6.1f} us (device {row['bf16_device_us']:7.1f})",
+                          flush=True)
     result = {
         "command": " ".join(["python", *sys.argv]),
         "device": torch.cuda.get_device_name(),
@@ -128,6 +146,7 @@ def main(argv: list[str] | None = None) -> int:
         "cpu": cpu_model(),
         "versions": {"torch": torch.__version__, "python": platform.python_version()},
         "calls": args.calls, "reps": args.reps, "sleep_cycles": args.sleep_cycles,
+        "activations": args.activations, "group_size": args.group,
         "rows": rows,
     }
     args.out.parent.mkdir(parents=True, exist_ok=True)
