@@ -57,6 +57,11 @@ def test_a_gpu_table_reads_back_and_sums_by_group() -> None:
     assert by["not listed"] == pytest.approx(50)  # 2200 in all, 2100 in the kernels' rows
     assert [r["calls"] for r in s["top"]] == [128, 32, 1]  # kernels by device time: no CPU op, no annotation
     assert (s["decode_steps"], s["decode_step_span_us"]) == (2, pytest.approx(650))  # the prefill's span apart
+    assert s["prefill_step_spans"] == [{"step": "execute_context_1(16)_generation_0(0)", "context_tokens": 16,
+                                        "span_us": pytest.approx(500), "calls": 1}]
+    # the linear layers' CPU ops and their host time (CPU total), not the kernels'
+    assert s["linear_ops_cpu"] == {"aten::linear": {"cpu_total_us": pytest.approx(30), "calls": 32},
+                                   "aten::mm": {"cpu_total_us": pytest.approx(31), "calls": 1}}
 
 
 def test_a_cpu_table_from_the_profiler_itself() -> None:

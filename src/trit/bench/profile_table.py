@@ -15,7 +15,10 @@ the kernels they launched; and vLLM's step annotations
 (``execute_context_<requests>(<tokens>)_generation_<requests>(<tokens>)``),
 whose device time is a step's span on the GPU, first kernel to last. Only the
 kernels add up to the table's total; the spans of decode-only steps give the
-GPU time a step takes beside the kernel time in it.
+GPU time a step takes beside the kernel time in it, and the spans of the
+steps that prefill (each its own row) how long those took on the GPU. The
+CPU time of the linear layers' ops (``trit::*``, ``aten::mm``) says what their
+calls cost the host, most of it outside CUDA graphs (in prefill steps).
 
     python -m trit.bench.profile_table serve.json   # the profile entries again, from the tables kept beside it
 """
@@ -64,6 +67,7 @@ def parse(text: str) -> dict:
         name_col, cpu_col, calls_col = head.index("Name"), head.index("Self CPU"), head.index("# of Calls")
     except ValueError as e:
         raise ValueError(f"not a torch profiler table: header {head}") from e
+    cpu_total_col = head.index("CPU total") if "CPU total" in head else None
     device_col = next((i for i, h in enumerate(head) if h.startswith("Self ") and not h.endswith("%")
                        and h != "Self CPU"), None)
     end = rules[2] if len(rules) > 2 else len(lines)
@@ -73,6 +77,7 @@ def parse(text: str) -> dict:
         if not cells[name_col]:
             continue
         rows.append({"name": cells[name_col], "self_cpu_us": _time_us(cells[cpu_col]),
+                     "cpu_total_us": None if cpu_total_col is None else _time_us(cells[cpu_total_col]),
                      "self_device_us": None if device_col is None else _time_us(cells[device_col]),
                      "calls": int(cells[calls_col]) if cells[calls_col].isdigit() else None})
     totals = {}
@@ -82,6 +87,10 @@ def parse(text: str) -> dict:
             totals["self_cpu_total_us" if m.group(1) == "CPU" else "self_device_total_us"] = _time_us(m.group(2))
     return {"rows": rows, "self_cpu_total_us": totals.get("self_cpu_total_us"),
             "self_device_total_us": totals.get("self_device_total_us")}
+
+
+# the CPU ops of the linear layers whose host time a summary reports: trit's, and the dense GEMM bf16 runs
+LINEAR_OPS = re.compile(r"trit::\w+|aten::(mm|addmm|linear)")
 
 
 def group(name: str) -> str:
@@ -111,11 +120,17 @@ def summarize(table: dict, steps: int, top: int = 25) -> dict:
         by_group["not listed"] = total - listed
     per_step = 1 / max(steps, 1)
     decode_steps = sum(r["calls"] for r in decode)
+    prefill = [{"step": r["name"], "context_tokens": int(m.group(2)), "span_us": r[key], "calls": r["calls"]}
+               for m, r in spans if m and m.group(1) != "0"]
+    ops = {r["name"]: {"cpu_total_us": r["cpu_total_us"], "calls": r["calls"]} for r in table["rows"]
+           if LINEAR_OPS.fullmatch(r["name"]) and r.get("cpu_total_us") is not None}
     return {"clock": "device" if device else "cpu", "steps": steps,
             "total_us": total, "us_per_step": None if total is None else total * per_step,
             "us_per_step_by_group": {g: v * per_step for g, v in sorted(by_group.items(), key=lambda kv: -kv[1])},
             "decode_steps": decode_steps,
             "decode_step_span_us": sum(r[key] for r in decode) / decode_steps if decode_steps else None,
+            "prefill_step_spans": sorted(prefill, key=lambda p: -p["context_tokens"]),
+            "linear_ops_cpu": dict(sorted(ops.items())),
             "top": sorted(kernels, key=lambda r: -r[key])[:top]}
 
 
