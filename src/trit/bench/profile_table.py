@@ -43,6 +43,13 @@ GROUPS = (
 STEP = re.compile(r"execute_context_(\d+)\((\d+)\)_generation_(\d+)\((\d+)\)")
 
 
+def prefill_tokens(name: str) -> int | None:
+    """The context tokens of a step annotation that prefills (one or more context requests); None for a
+    decode-only step or a name that is no step."""
+    m = STEP.fullmatch(name)
+    return int(m.group(2)) if m and m.group(1) != "0" else None
+
+
 def _time_us(cell: str) -> float | None:
     m = re.fullmatch(r"([\d.]+)\s*(ns|us|ms|s)", cell.strip())
     return float(m.group(1)) * UNITS[m.group(2)] if m else None
@@ -120,8 +127,8 @@ def summarize(table: dict, steps: int, top: int = 25) -> dict:
         by_group["not listed"] = total - listed
     per_step = 1 / max(steps, 1)
     decode_steps = sum(r["calls"] for r in decode)
-    prefill = [{"step": r["name"], "context_tokens": int(m.group(2)), "span_us": r[key], "calls": r["calls"]}
-               for m, r in spans if m and m.group(1) != "0"]
+    prefill = [{"step": r["name"], "context_tokens": tokens, "span_us": r[key], "calls": r["calls"]}
+               for _, r in spans if (tokens := prefill_tokens(r["name"])) is not None]
     ops = {r["name"]: {"cpu_total_us": r["cpu_total_us"], "calls": r["calls"]} for r in table["rows"]
            if LINEAR_OPS.fullmatch(r["name"]) and r.get("cpu_total_us") is not None}
     return {"clock": "device" if device else "cpu", "steps": steps,

@@ -23,7 +23,7 @@ import json
 from collections import defaultdict
 from pathlib import Path
 
-from trit.bench.profile_table import STEP
+from trit.bench.profile_table import prefill_tokens
 
 DEVICE_CATS = ("kernel", "gpu_memcpy", "gpu_memset")
 LAUNCH_CATS = ("cuda_runtime", "cuda_driver")
@@ -54,8 +54,8 @@ def step_gaps(events: list[dict], min_gap_us: float = 1.0, top: int = 12) -> dic
     launch of the kernel that ended each stretch and by the three innermost ops of that chain, and the host
     time of each CPU op in the step (the CPU's own annotation of it; an op's time includes the ops inside
     it). None where the trace holds no prefill step."""
-    steps = [(STEP.fullmatch(e["name"]), e) for e in events if e.get("cat") == "gpu_user_annotation"]
-    prefills = [(int(m.group(2)), e) for m, e in steps if m and m.group(1) != "0"]
+    prefills = [(prefill_tokens(e["name"]), e) for e in events if e.get("cat") == "gpu_user_annotation"]
+    prefills = [(tokens, e) for tokens, e in prefills if tokens is not None]
     if not prefills:
         return None
     tokens, step = max(prefills, key=lambda p: (p[0], p[1]["dur"]))
